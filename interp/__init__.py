@@ -1,0 +1,27 @@
+"""interp: hook-based activation capture and the analyses built on it.
+
+>>> import interp
+>>> model = interp.load_model("world")                      # the embedded default
+>>> acts = interp.capture(model, ["Vorn Kallit lives in"], sites=model.sites[:3])
+"""
+from .capture import Activations, capture
+from .models import Model, ModelNotFoundError, load_model
+from .prompts import Prompt
+from .sites import UnknownSiteError
+from .store import ActivationStore
+from .tokens import PositionError, SubjectNotFoundError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Activations",
+    "ActivationStore",
+    "Model",
+    "ModelNotFoundError",
+    "PositionError",
+    "Prompt",
+    "SubjectNotFoundError",
+    "UnknownSiteError",
+    "capture",
+    "load_model",
+]

@@ -1,0 +1,88 @@
+"""The nnsight backend: any HuggingFace model wrapped with ``nnsight.NNsight``.
+
+Sites are located through :mod:`interp.architectures`; within one trace they are visited in
+execution order (nnsight 0.8 requires it), and several sites computed by the same module (GPT-2's
+fused q/k/v) share one read and one write.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import torch
+
+from ..architectures import arch_info, architecture_for
+from ..sites import parse_site, sort_by_execution, standard_sites
+from .base import Backend, HookFn, Tensor, accepts_position_ids, logits_of
+
+
+class NNsightBackend(Backend):
+    name = "nnsight"
+
+    def __init__(self, hf_model: torch.nn.Module):
+        from nnsight import NNsight
+
+        self.hf_model = hf_model
+        config = hf_model.config
+        self.arch = architecture_for(config)
+        self.info = arch_info(config)
+        prefix = getattr(hf_model, "base_model_prefix", "")
+        self._base = prefix + "." if prefix and hasattr(hf_model, prefix) else ""
+        self.n_layers = len(hf_model.get_submodule(self._base + self.arch.layers))
+        self.n_heads = self.info.n_heads
+        self.d_head = self.info.d_head
+        self.d_model = getattr(config, "hidden_size", None) or config.n_embd
+        self.sites = standard_sites(self.n_layers, set(self.arch.locations))
+        self._pass_position_ids = accepts_position_ids(hf_model)
+        self.envoy = NNsight(hf_model)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.hf_model
+
+    def _envoy_at(self, path: str):
+        envoy = self.envoy
+        for part in path.split("."):
+            envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+        return envoy
+
+    def _groups(self, hooks: Mapping[str, HookFn]):
+        """Hooks grouped by (module path, input/output), in execution order."""
+        groups: dict[tuple[str, str], list] = {}
+        for name in sort_by_execution(list(hooks)):
+            site = parse_site(name)
+            loc = self.arch.location(name)
+            path = self._base + loc.module.format(l=site.layer)
+            groups.setdefault((path, loc.io), []).append((loc.codec, hooks[name]))
+        return groups
+
+    def run(
+        self,
+        input_ids: Tensor,
+        attention_mask: Optional[Tensor] = None,
+        position_ids: Optional[Tensor] = None,
+        hooks: Optional[Mapping[str, HookFn]] = None,
+    ) -> Tensor:
+        kwargs = {"input_ids": input_ids}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None and self._pass_position_ids:
+            kwargs["position_ids"] = position_ids
+        groups = self._groups(hooks or {})
+        info = self.info
+        with self.envoy.trace(**kwargs):
+            for (path, io), items in groups.items():
+                envoy = self._envoy_at(path)
+                raw = envoy.output if io == "output" else envoy.input
+                changed = False
+                for codec, fn in items:
+                    new = fn(codec.get(raw, info))
+                    if new is not None:
+                        raw = codec.put(raw, new, info)
+                        changed = True
+                if changed:
+                    if io == "output":
+                        envoy.output = raw
+                    else:
+                        envoy.input = raw
+            output = self.envoy.output.save()
+        return logits_of(output)

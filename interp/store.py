@@ -1,0 +1,158 @@
+"""An on-disk activation store: safetensors shards plus a manifest.
+
+Layout of a store directory::
+
+    manifest.json            key (model fingerprint, data hash, sites, dtype), row count,
+                             shard size, and the shards finished so far
+    shard_00000.safetensors  rows [0, shard_size) of every site
+    shard_00001.safetensors  ...
+
+Each shard is written to a temporary file and renamed into place, then the manifest is
+rewritten the same way, so a store killed at any moment holds only whole shards, and reopening
+it (same key) continues with the first missing one. Shards are read back memory-mapped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+MANIFEST = "manifest.json"
+
+
+class StoreMismatchError(ValueError):
+    pass
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+class ActivationStore:
+    """A directory of activation shards. Open an existing one with ``ActivationStore(path)``."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.manifest: Optional[dict] = None
+        if (self.root / MANIFEST).exists():
+            self.manifest = json.loads((self.root / MANIFEST).read_text())
+
+    # writing -----------------------------------------------------------------------------------
+    def prepare(self, key: dict, n_rows: int, shard_size: int) -> None:
+        """Create the store, or check that the existing one was made for the same ``key``."""
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be at least 1, got {shard_size}")
+        if self.manifest is not None:
+            old = {k: self.manifest[k] for k in ("key", "n_rows", "shard_size")}
+            new = {"key": key, "n_rows": n_rows, "shard_size": shard_size}
+            if old != new:
+                diff = [k for k in ("model", "data", "sites", "dtype") if old["key"].get(k) != key.get(k)]
+                diff += [k for k in ("n_rows", "shard_size") if old[k] != new[k]]
+                raise StoreMismatchError(
+                    f"the store at {self.root} was made for a different capture (differs in: "
+                    f"{', '.join(diff)}); use a new directory, or delete this one to start over"
+                )
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.manifest = {"format": 1, "key": key, "n_rows": n_rows, "shard_size": shard_size, "shards": {}}
+        self._save_manifest()
+
+    def write_shard(self, index: int, tensors: dict[str, torch.Tensor]) -> None:
+        path = self.root / f"shard_{index:05d}.safetensors"
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        self.manifest["shards"][str(index)] = {"file": path.name, "rows": self.shard_rows(index)}
+        self._save_manifest()
+
+    def _save_manifest(self) -> None:
+        atomic_write_bytes(self.root / MANIFEST, json.dumps(self.manifest, indent=1, sort_keys=True).encode())
+
+    # layout ------------------------------------------------------------------------------------
+    def _require(self) -> dict:
+        if self.manifest is None:
+            raise FileNotFoundError(f"no activation store at {self.root} (no {MANIFEST})")
+        return self.manifest
+
+    @property
+    def n_rows(self) -> int:
+        return self._require()["n_rows"]
+
+    @property
+    def n_shards(self) -> int:
+        m = self._require()
+        return -(-m["n_rows"] // m["shard_size"])
+
+    @property
+    def sites(self) -> list[str]:
+        return list(self._require()["key"]["sites"])
+
+    @property
+    def key(self) -> dict:
+        return dict(self._require()["key"])
+
+    def shard_range(self, index: int) -> tuple[int, int]:
+        size = self._require()["shard_size"]
+        return index * size, min((index + 1) * size, self.n_rows)
+
+    def shard_rows(self, index: int) -> int:
+        start, stop = self.shard_range(index)
+        return stop - start
+
+    def missing_shards(self) -> list[int]:
+        done = self._require()["shards"]
+        return [i for i in range(self.n_shards) if str(i) not in done]
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest is not None and not self.missing_shards()
+
+    # reading -----------------------------------------------------------------------------------
+    def shard(self, index: int, sites: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+        """One shard's tensors, memory-mapped from disk."""
+        entry = self._require()["shards"].get(str(index))
+        if entry is None:
+            raise KeyError(f"shard {index} of {self.root} is not written yet; finish the capture first")
+        with safe_open(self.root / entry["file"], framework="pt") as f:
+            names = list(f.keys()) if sites is None else list(sites)
+            return {name: f.get_tensor(name) for name in names}
+
+    def iter_shards(self, sites: Optional[Sequence[str]] = None) -> Iterator[dict[str, torch.Tensor]]:
+        for i in range(self.n_shards):
+            yield self.shard(i, sites)
+
+    def __getitem__(self, site: str) -> torch.Tensor:
+        """All rows of one site, concatenated in prompt order."""
+        if site not in self.sites and site != "__mask__":
+            raise KeyError(f"site {site!r} is not in this store; it holds {', '.join(self.sites)}")
+        if not self.complete:
+            raise RuntimeError(f"the store at {self.root} is incomplete (missing shards {self.missing_shards()}); rerun the capture to finish it")
+        return torch.cat([s[site] for s in self.iter_shards([site])])
+
+    def __repr__(self) -> str:
+        if self.manifest is None:
+            return f"ActivationStore({str(self.root)!r}, empty)"
+        return f"ActivationStore({str(self.root)!r}, rows={self.n_rows}, shards={self.n_shards}, sites={len(self.sites)}, complete={self.complete})"
