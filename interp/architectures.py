@@ -229,3 +229,23 @@ def arch_info(config) -> ArchInfo:
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     return ArchInfo(n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head)
+
+
+#: Where TransformerBridge's hook of the same name means something else for an architecture, the
+#: bridge hook that matches the site's definition above (``model_type -> {site kind: bridge kind}``).
+#: BERT's bridge ``hook_embed`` is the whole embedding block (word + position + type, normalized)
+#: and its ``hook_attn_out`` is after the residual add and LayerNorm; the sites are the word
+#: embeddings and the attention output projection, as for every other architecture.
+BRIDGE_ALIASES: dict[str, dict[str, str]] = {
+    "bert": {"hook_embed": "embed.hook_out", "hook_attn_out": "attn.o.hook_out"},
+}
+
+
+def bridge_hook_name(site: str, model_type: str | None) -> str:
+    """The TransformerBridge hook that computes ``site`` for this architecture."""
+    aliases = BRIDGE_ALIASES.get(model_type or "", {})
+    parsed = parse_site(site)
+    if parsed.kind not in aliases:
+        return site
+    kind = aliases[parsed.kind]
+    return kind if parsed.layer is None else f"blocks.{parsed.layer}.{kind}"

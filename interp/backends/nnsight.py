@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+import warnings
+
 import torch
 
 from ..architectures import arch_info, architecture_for
 from ..sites import parse_site, sort_by_execution, standard_sites
 from .base import Backend, HookFn, Tensor, accepts_position_ids, logits_of
+
+
+_SERVED = frozenset({"output", "input", "inputs", "source"})
 
 
 class NNsightBackend(Backend):
@@ -33,7 +38,9 @@ class NNsightBackend(Backend):
         self.d_model = getattr(config, "hidden_size", None) or config.n_embd
         self.sites = standard_sites(self.n_layers, set(self.arch.locations))
         self._pass_position_ids = accepts_position_ids(hf_model)
-        self.envoy = NNsight(hf_model)
+        with warnings.catch_warnings():  # BERT's `.output` submodules: handled in _envoy_at
+            warnings.filterwarnings("ignore", message=".*which nnsight already serves.*")
+            self.envoy = NNsight(hf_model)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -42,7 +49,12 @@ class NNsightBackend(Backend):
     def _envoy_at(self, path: str):
         envoy = self.envoy
         for part in path.split("."):
-            envoy = envoy[int(part)] if part.isdigit() else getattr(envoy, part)
+            if part.isdigit():
+                envoy = envoy[int(part)]
+            elif part in _SERVED:  # a submodule named like an nnsight attribute is served as E_<name>
+                envoy = getattr(envoy, "E_" + part)
+            else:
+                envoy = getattr(envoy, part)
         return envoy
 
     def _groups(self, hooks: Mapping[str, HookFn]):

@@ -6,6 +6,7 @@ from typing import Mapping, Optional
 
 import torch
 
+from ..architectures import bridge_hook_name
 from ..sites import standard_sites
 from .base import Backend, HookFn, Tensor, accepts_position_ids
 
@@ -24,6 +25,7 @@ class TransformerLensBackend(Backend):
         self.sites = [s for s in standard_sites(self.n_layers) if s in hook_names]
         self._accepted = sorted(hook_names)
         original = getattr(bridge, "original_model", None)
+        self._model_type = getattr(getattr(original, "config", None), "model_type", None)
         self._pass_position_ids = original is not None and accepts_position_ids(original)
 
     @property
@@ -33,6 +35,10 @@ class TransformerLensBackend(Backend):
     @property
     def hf_model(self):
         return getattr(self.bridge, "original_model", None)
+
+    def hook_name(self, site: str) -> str:
+        """The bridge hook point that computes ``site`` (the same name but for a few aliases)."""
+        return bridge_hook_name(site, self._model_type)
 
     @property
     def accepted_sites(self) -> list[str]:
@@ -45,7 +51,7 @@ class TransformerLensBackend(Backend):
         position_ids: Optional[Tensor] = None,
         hooks: Optional[Mapping[str, HookFn]] = None,
     ) -> Tensor:
-        fwd_hooks = [(name, _as_tl_hook(fn)) for name, fn in (hooks or {}).items()]
+        fwd_hooks = [(self.hook_name(name), _as_tl_hook(fn)) for name, fn in (hooks or {}).items()]
         kwargs = {}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
