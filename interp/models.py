@@ -188,8 +188,10 @@ def load_model(
                 "transformer_lens backend can run; pass backend='transformer_lens', or build a "
                 "HuggingFace model (e.g. GPT2LMHeadModel(config)) for nnsight"
             )
-        bridge = TransformerBridge.boot_native(spec, tokenizer=tokenizer, device=device, dtype=dtype)
-        return Model(backend_class(backend)(bridge), tokenizer, name or "native")
+        if tokenizer is None:
+            raise ValueError("a model built from a config needs a tokenizer: load_model(config, tokenizer=...)")
+        bridge = TransformerBridge.boot_native(spec, tokenizer=_tl_tokenizer(tokenizer), device=device, dtype=dtype)
+        return _finish(backend_class(backend)(bridge), tokenizer, name or "native", None, None)
 
     if isinstance(spec, torch.nn.Module):
         if tokenizer is None:

@@ -1,0 +1,86 @@
+"""Model handles: every way to load, and reading/writing sites through the same API."""
+import pytest
+import torch
+
+import interp
+from tiny_models import build, word_tokenizer
+
+PROMPTS = ["Vorn Kallit lives in the city of", "the capital of France is"]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama"])
+def test_directory_loaders_match_the_hf_model(model_dirs, backend, family):
+    model = interp.load_model(model_dirs[family], backend=backend)
+    hf, _ = build(family)
+    assert model.n_layers == 2 and model.d_model == 32 and model.n_heads == 4 and model.d_head == 8
+    ids = torch.tensor([model.encode(PROMPTS[:1])[0].ids])
+    with torch.no_grad():
+        torch.testing.assert_close(model.run(PROMPTS[:1]), hf(input_ids=ids).logits, atol=1e-5, rtol=0)
+
+
+def test_in_memory_modules_and_bridges(backend):
+    hf, tok = build("gpt2")
+    from_module = interp.load_model(hf, backend=backend, tokenizer=tok)
+    from_dir_logits = from_module.run(PROMPTS)
+    if backend == "transformer_lens":
+        bridge = from_module.backend.bridge
+        again = interp.load_model(bridge, backend="transformer_lens", tokenizer=tok)
+        torch.testing.assert_close(again.run(PROMPTS), from_dir_logits)
+    switched = interp.load_model(from_module, backend="nnsight" if backend == "transformer_lens" else "transformer_lens")
+    torch.testing.assert_close(switched.run(PROMPTS), from_dir_logits, atol=1e-5, rtol=0)
+
+
+def test_boot_native_from_config():
+    from transformer_lens.config import TransformerBridgeConfig
+
+    cfg = TransformerBridgeConfig(d_model=32, d_head=8, n_layers=2, n_ctx=32, n_heads=4, d_vocab=len(word_tokenizer()),
+                                  d_mlp=64, act_fn="gelu", seed=0)
+    model = interp.load_model(cfg, backend="transformer_lens", tokenizer=word_tokenizer())
+    assert model.n_layers == 2 and "blocks.1.hook_resid_post" in model.sites
+    acts = interp.capture(model, PROMPTS, sites=["blocks.1.hook_resid_post"])
+    assert acts["blocks.1.hook_resid_post"].shape == (2, 32)
+    with pytest.raises(ValueError, match="only the transformer_lens backend"):
+        interp.load_model(cfg, backend="nnsight")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama", "bert"])
+def test_writes_agree_across_backends(model_dirs, family):
+    """Zero-ablate one head's z and double the layer-0 MLP output: same logits on both backends."""
+
+    def ablate(z):
+        z = z.clone()
+        z[:, :, 1] = 0
+        return z
+
+    hooks = {"blocks.0.attn.hook_z": ablate, "blocks.0.hook_mlp_out": lambda x: 2 * x}
+    out = {}
+    for b in ("transformer_lens", "nnsight"):
+        model = interp.load_model(model_dirs[family], backend=b)
+        with torch.no_grad():
+            clean = model.run(PROMPTS)
+            out[b] = model.run(PROMPTS, hooks=hooks)
+        after = model.read(PROMPTS, ["blocks.1.hook_resid_post"])["blocks.1.hook_resid_post"]
+        assert after.shape[:2] == clean.shape[:2]
+        assert not torch.allclose(out[b], clean)
+    if family != "bert":  # the TL bridge gives BERT an MLM head that this bare BertModel lacks
+        torch.testing.assert_close(out["transformer_lens"], out["nnsight"], atol=1e-5, rtol=0)
+    else:
+        tl = interp.load_model(model_dirs[family], backend="transformer_lens")
+        nn = interp.load_model(model_dirs[family], backend="nnsight")
+        site = "blocks.1.hook_resid_post"
+        a = {}
+        for m in (tl, nn):
+            with torch.no_grad():
+                got = {}
+                m.run(PROMPTS, hooks={**hooks, site: lambda x, m=m: got.__setitem__(m.backend_name, x)})
+            a.update(got)
+        torch.testing.assert_close(a["transformer_lens"], a["nnsight"], atol=1e-5, rtol=0)
+
+
+def test_fingerprint_tracks_weights():
+    hf, tok = build("gpt2")
+    a = interp.load_model(hf, backend="nnsight", tokenizer=tok).fingerprint()
+    with torch.no_grad():
+        hf.transformer.wte.weight[0, 0] += 1.0
+    b = interp.load_model(hf, backend="nnsight", tokenizer=tok).fingerprint()
+    assert a != b and len(a) == 16
