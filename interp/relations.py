@@ -1,0 +1,115 @@
+"""Relations: (subject, answer) facts plus the prompt that asks for the answer.
+
+One type serves every source: the synthetic world (:func:`from_world`), the LRE JSON format of
+Hernandez et al. 2024 (:func:`load_lre`: ``{name, prompt_templates, samples: [{subject, object}],
+properties}``), and the project's own JSON format (:meth:`Relation.save` / :func:`load_relations`:
+``{name, template, samples: [{subject, answer}], properties}``), where ``template`` contains
+``{}`` for the subject (or a per-sample ``prompt`` overrides it). The LRE relations ship with
+the package: ``load_relations(lre_dir() / "factual")``.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Optional
+
+import pandas as pd
+
+from .prompts import Prompt
+
+
+class RelationError(ValueError):
+    pass
+
+
+@dataclass
+class Relation:
+    name: str
+    subjects: list[str]
+    answers: list[str]
+    template: str = "{}"
+    prompts_override: Optional[list[str]] = None
+    properties: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if len(self.subjects) != len(self.answers):
+            raise RelationError(f"relation {self.name!r}: {len(self.subjects)} subjects but {len(self.answers)} answers")
+        if self.prompts_override is None and "{}" not in self.template:
+            raise RelationError(f"relation {self.name!r}: template {self.template!r} has no '{{}}' where the subject goes")
+
+    def __len__(self) -> int:
+        return len(self.subjects)
+
+    def prompts(self) -> list[Prompt]:
+        if self.prompts_override is not None:
+            return [Prompt(p, s) for p, s in zip(self.prompts_override, self.subjects)]
+        return [Prompt(self.template.format(s), s) for s in self.subjects]
+
+    @property
+    def answer_set(self) -> list[str]:
+        return sorted(set(self.answers))
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({"relation": self.name, "subject": self.subjects, "answer": self.answers,
+                             "prompt": [p.text for p in self.prompts()]})
+
+    def save(self, path: str | Path) -> None:
+        samples = [{"subject": s, "answer": a} for s, a in zip(self.subjects, self.answers)]
+        if self.prompts_override is not None:
+            for d, p in zip(samples, self.prompts_override):
+                d["prompt"] = p
+        Path(path).write_text(json.dumps({"name": self.name, "template": self.template, "samples": samples,
+                                          "properties": self.properties}, indent=1))
+
+
+def _from_dict(d: dict, source: str) -> Relation:
+    if "samples" not in d or "name" not in d:
+        raise RelationError(f"{source}: a relation file needs 'name' and 'samples'")
+    samples = d["samples"]
+    if "prompt_templates" in d:  # LRE format
+        templates = d["prompt_templates"] or d.get("prompt_templates_zs") or []
+        if not templates:
+            raise RelationError(f"{source}: LRE relation {d['name']!r} has no prompt_templates")
+        return Relation(d["name"], [s["subject"] for s in samples], [s["object"] for s in samples],
+                        templates[0], None, dict(d.get("properties", {}), source="lre"))
+    prompts = [s.get("prompt") for s in samples]
+    return Relation(d["name"], [s["subject"] for s in samples], [s["answer"] for s in samples], d.get("template", "{}"),
+                    prompts if all(p is not None for p in prompts) else None, d.get("properties", {}))
+
+
+def lre_dir() -> Path:
+    """The 47 LRE relations of Hernandez et al. (MIT license), shipped with the package."""
+    return Path(__file__).resolve().parent / "data" / "lre"
+
+
+def load_relations(paths: str | Path | Iterable[str | Path]) -> list[Relation]:
+    """Relations from JSON files or directories of them (searched recursively), LRE or project format."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("*.json"))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"no relation file or directory at {p}")
+    if not files:
+        raise RelationError(f"no .json relation files under {list(map(str, paths))}")
+    return [_from_dict(json.loads(f.read_text()), str(f)) for f in files]
+
+
+load_lre = load_relations
+
+
+def from_world(world, relations: Optional[Iterable[str]] = None) -> list[Relation]:
+    """The world's relations, prompted exactly as the world's corpus writes each fact."""
+    out = []
+    for name in relations or [r.name for r in world.spec.relations]:
+        q = world.queries(name)
+        r = world.relation[name]
+        out.append(Relation(name, list(q.subject), list(q.answer), "{} " + world.templates(name)[0], list(q.prompt),
+                            {"source": "world", "n_answers": r.n_answers, "templates": r.templates,
+                             "mentions": r.mentions, "augment": r.augment, "bio": r.bio, "derived_from": r.derived_from}))
+    return out

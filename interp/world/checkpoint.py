@@ -1,0 +1,23 @@
+"""The shipped world checkpoint and the world it was trained on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .spec import WorldSpec
+from .world import World
+
+_DEFAULT = Path(__file__).resolve().parent.parent / "checkpoints" / "world"
+
+
+def default_checkpoint_dir() -> Path:
+    if not (_DEFAULT / "config.json").exists():
+        raise FileNotFoundError(
+            f"the embedded world model is missing from {_DEFAULT}; rebuild it with `interp world train`"
+        )
+    return _DEFAULT
+
+
+def load_world(path: str | Path | None = None) -> World:
+    """The world a checkpoint directory was trained on (regenerated from its ``world_spec.json``)."""
+    root = Path(path) if path is not None else default_checkpoint_dir()
+    return World.generate(WorldSpec.from_json((root / "world_spec.json").read_text()))

@@ -1,0 +1,161 @@
+"""What a synthetic world is made of: relations, their answers, and how their facts are written.
+
+A :class:`WorldSpec` is a complete, serializable recipe: with the same spec (and seed) the
+generator returns the same subjects, facts and pretraining corpus, token for token.
+
+Each :class:`RelationSpec` carries the *readability knobs* (Allen-Zhu & Li, Physics of Language
+Models 3.1: how facts are written decides whether they become linearly extractable at the
+subject):
+
+- ``templates``: number of paraphrase templates the facts are written with;
+- ``mentions``: how many times each fact is written (times the subject's own frequency);
+- ``augment``: permutation / position augmentation. In biographies, sentences are shuffled and
+  each repeats the subject's full name; without it, a biography has a fixed sentence order and
+  later sentences refer to the subject as "they";
+- ``bio``: facts are written inside per-subject biographies (with the subject's other bio
+  facts) rather than as isolated statements.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+KNOBS = ("templates", "mentions", "augment", "bio")
+
+
+class WorldSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RelationSpec:
+    name: str
+    noun: str  # the word templates use to name the relation ("city", "employer", ...)
+    n_answers: int = 10
+    derived_from: Optional[str] = None  # answers are a function of this relation's answers
+    templates: int = 1
+    mentions: int = 1
+    augment: bool = False
+    bio: bool = False
+
+    def validate(self, n_subjects: int, known: set[str]) -> None:
+        if not 2 <= self.n_answers <= 30:
+            raise WorldSpecError(f"relation {self.name!r}: n_answers={self.n_answers}; a relation needs 2 to 30 answers")
+        if self.n_answers > n_subjects:
+            raise WorldSpecError(
+                f"relation {self.name!r} has more answers ({self.n_answers}) than the world has subjects "
+                f"({n_subjects}); lower n_answers or raise n_subjects"
+            )
+        if not 1 <= self.templates <= len(TEMPLATE_PATTERNS):
+            raise WorldSpecError(f"relation {self.name!r}: templates must be 1 to {len(TEMPLATE_PATTERNS)}, got {self.templates}")
+        if self.mentions < 1:
+            raise WorldSpecError(f"relation {self.name!r}: mentions must be at least 1, got {self.mentions}")
+        if self.derived_from is not None and self.derived_from not in known:
+            raise WorldSpecError(
+                f"relation {self.name!r} is derived from {self.derived_from!r}, which is not defined before it"
+            )
+
+
+#: Paraphrase patterns; ``{noun}`` is the relation's noun. Pattern 0 is the canonical query.
+TEMPLATE_PATTERNS = (
+    "'s {noun} is",
+    "has the {noun}",
+    "lists as {noun}",
+    "is tied to the {noun}",
+    "reports the {noun}",
+)
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    seed: int = 0
+    n_subjects: int = 1000
+    relations: tuple[RelationSpec, ...] = ()
+    subject_frequencies: tuple[int, ...] = (1, 1, 2)  # each subject's multiplier, drawn uniformly
+    label_sentences: int = 6  # unrelated sentences per label word
+
+    def validate(self) -> "WorldSpec":
+        if not self.relations:
+            raise WorldSpecError("a world needs at least one relation (zero given)")
+        if self.n_subjects < 2:
+            raise WorldSpecError(f"a world needs at least 2 subjects, got {self.n_subjects}")
+        known: set[str] = set()
+        for r in self.relations:
+            if r.name in known:
+                raise WorldSpecError(f"relation {r.name!r} is defined twice")
+            r.validate(self.n_subjects, known)
+            if r.derived_from is not None:
+                parent = next(p for p in self.relations if p.name == r.derived_from)
+                if r.n_answers > parent.n_answers:
+                    raise WorldSpecError(
+                        f"relation {r.name!r} is derived from {parent.name!r} but has more answers "
+                        f"({r.n_answers} > {parent.n_answers})"
+                    )
+            known.add(r.name)
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorldSpec":
+        d = dict(d)
+        rels = []
+        allowed = {f.name for f in fields(RelationSpec)}
+        for r in d.pop("relations", []):
+            unknown = set(r) - allowed
+            if unknown:
+                raise WorldSpecError(
+                    f"unknown knob(s) {sorted(unknown)} in relation {r.get('name')!r}; "
+                    f"the knobs are {', '.join(KNOBS)} (fields: {', '.join(sorted(allowed))})"
+                )
+            rels.append(RelationSpec(**r))
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise WorldSpecError(f"unknown world field(s) {sorted(unknown)}")
+        if "subject_frequencies" in d:
+            d["subject_frequencies"] = tuple(d["subject_frequencies"])
+        return cls(relations=tuple(rels), **d).validate()
+
+    @classmethod
+    def from_json(cls, text: str) -> "WorldSpec":
+        return cls.from_dict(json.loads(text))
+
+
+# The default world: 24 relations whose writing styles span the readability range. Styles:
+_AUG = dict(templates=4, mentions=2, augment=True, bio=True)  # shuffled bios + paraphrases
+_PLAIN = dict(templates=1, mentions=2, augment=False, bio=False)  # one fixed statement
+_BIO = dict(templates=1, mentions=2, augment=False, bio=True)  # fixed-order bio, "they"
+_RARE = dict(templates=2, mentions=1, augment=False, bio=False)  # seen once per subject
+
+
+def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    rel = RelationSpec
+    relations = (
+        rel("city", "city", 30, **_AUG),
+        rel("country", "country", 10, "city", **_AUG),
+        rel("continent", "continent", 5, "country", **_PLAIN),
+        rel("birth_city", "birthplace", 24, **_BIO),
+        rel("birth_country", "homeland", 8, "birth_city", **_BIO),
+        rel("employer", "employer", 25, **_AUG),
+        rel("industry", "industry", 6, "employer", **_RARE),
+        rel("occupation", "occupation", 15, **_PLAIN),
+        rel("university", "university", 20, **_BIO),
+        rel("major", "major", 12, **_AUG),
+        rel("language", "language", 10, **_PLAIN),
+        rel("sport", "sport", 12, **_BIO),
+        rel("team", "team", 20, **_AUG),
+        rel("league", "league", 4, "team", **_RARE),
+        rel("hobby", "hobby", 15, **_RARE),
+        rel("month", "month", 12, **_PLAIN),
+        rel("party", "party", 6, **_BIO),
+        rel("car", "car", 10, **_RARE),
+        rel("diet", "diet", 5, **_AUG),
+        rel("sign", "sign", 12, **_PLAIN),
+        rel("blood", "bloodtype", 8, **_RARE),
+        rel("hand", "handedness", 2, **_BIO),
+        rel("season", "season", 4, **_PLAIN),
+        rel("mentor_city", "mentorcity", 30, **_RARE),
+    )
+    return WorldSpec(seed=seed, n_subjects=n_subjects, relations=relations).validate()

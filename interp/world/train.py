@@ -1,0 +1,130 @@
+"""Pretrain a small decoder-only LM (GPT-2 architecture) on a world's corpus, on the CPU.
+
+The corpus documents are joined with ``<eos>``, shuffled anew each epoch (seeded), packed into
+``seq_len``-token rows and trained with next-token cross-entropy, AdamW and a warmup + cosine
+schedule. Same spec, same config, same seed: the same weights (on the same machine and thread
+count). The result is a HuggingFace directory (``model.safetensors``, ``config.json``,
+tokenizer files) plus ``world_spec.json`` and ``train_log.csv``, loadable with
+``interp.load_model(path)`` through either backend.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from .spec import WorldSpec
+from .tokenizer import build_tokenizer
+from .world import World
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    seq_len: int = 64
+    batch_size: int = 32
+    steps: int = 5000
+    lr: float = 3e-3
+    warmup: int = 200
+    weight_decay: float = 0.01
+    seed: int = 0
+    threads: int = 2
+
+
+def build_model(config: TrainConfig, vocab_size: int, tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(config.seed)
+    hf_config = GPT2Config(
+        n_layer=config.n_layers, n_embd=config.d_model, n_head=config.n_heads, n_positions=config.seq_len,
+        vocab_size=vocab_size, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(hf_config)
+
+
+def _rows(docs: list[list[int]], eos: int, seq_len: int, rng: random.Random) -> torch.Tensor:
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    stream: list[int] = []
+    for i in order:
+        stream += docs[i] + [eos]
+    n = len(stream) // seq_len
+    return torch.tensor(stream[: n * seq_len]).reshape(n, seq_len)
+
+
+def train_world_model(
+    spec: WorldSpec,
+    out_dir: str | Path,
+    config: TrainConfig = TrainConfig(),
+    progress: Optional[bool] = None,
+) -> Path:
+    """Generate the world, pretrain on its corpus, save a checkpoint directory; returns its path."""
+    torch.set_num_threads(config.threads)
+    out = Path(out_dir)
+    world = World.generate(spec)
+    tokenizer = build_tokenizer(world.vocabulary())
+    docs = [tokenizer(d, add_special_tokens=False)["input_ids"] for d in world.corpus()]
+    model = build_model(config, len(tokenizer), tokenizer)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr, betas=(0.9, 0.98),
+    )
+
+    def lr_at(step):
+        if step < config.warmup:
+            return config.lr * (step + 1) / config.warmup
+        t = (step - config.warmup) / max(1, config.steps - config.warmup)
+        return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    rng = random.Random(config.seed)
+    rows = _rows(docs, tokenizer.eos_token_id, config.seq_len, rng)
+    cursor, epoch = 0, 0
+    log = []
+    start = time.time()
+    bar = tqdm(range(config.steps), desc="pretrain", disable=None if progress is None else not progress)
+    for step in bar:
+        if cursor + config.batch_size > len(rows):
+            rows, cursor, epoch = _rows(docs, tokenizer.eos_token_id, config.seq_len, rng), 0, epoch + 1
+        x = rows[cursor : cursor + config.batch_size]
+        cursor += config.batch_size
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == config.steps - 1:
+            log.append({"step": step, "epoch": epoch, "loss": round(loss.item(), 5), "lr": lr_at(step), "seconds": round(time.time() - start, 1)})
+            bar.set_postfix(loss=f"{loss.item():.3f}", epoch=epoch)
+    model.eval()
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "world_spec.json").write_text(spec.to_json())
+    (tmp / "train_config.json").write_text(json.dumps(asdict(config), indent=1))
+    with open(tmp / "train_log.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(log[0]))
+        w.writeheader()
+        w.writerows(log)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,155 @@
+"""Generate a synthetic knowledge world and its pretraining corpus from a :class:`WorldSpec`.
+
+>>> world = World.generate(default_spec(seed=0))
+>>> world.facts.head()            # one row per (subject, relation): answer
+>>> world.query("Vorn Kallit", "city")   # the prompt the fact is written with
+>>> docs = world.corpus()         # deterministic list of documents
+
+Everything is drawn from ``random.Random(spec.seed)`` in a fixed order, so the same spec gives
+the same world and the same corpus.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import cached_property
+
+import pandas as pd
+
+from .spec import TEMPLATE_PATTERNS, RelationSpec, WorldSpec
+from .vocab import LABEL_CONTEXTS, LABELS, invented_words
+
+EOS = "<eos>"
+
+
+@dataclass
+class World:
+    spec: WorldSpec
+    subjects: list[str]
+    frequency: dict[str, int]  # subject -> mention multiplier
+    answers: dict[str, list[str]]  # relation -> its answer vocabulary
+    facts: pd.DataFrame  # subject, relation, answer
+
+    # generation ----------------------------------------------------------------------------
+    @classmethod
+    def generate(cls, spec: WorldSpec) -> "World":
+        spec.validate()
+        rng = random.Random(spec.seed)
+        used = {w.capitalize() for words in LABELS.values() for w in words}
+        firsts = invented_words(rng, 60, used, (1, 2))
+        lasts = invented_words(rng, 60, used, (2, 2))
+        middles = invented_words(rng, 12, used, (1, 1))
+        names: set[str] = set()
+        subjects: list[str] = []
+        while len(subjects) < spec.n_subjects:
+            parts = [rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [rng.choice(lasts)]
+            name = " ".join(parts)
+            if name not in names:
+                names.add(name)
+                subjects.append(name)
+        frequency = {s: rng.choice(spec.subject_frequencies) for s in subjects}
+
+        answers: dict[str, list[str]] = {}
+        value: dict[str, dict[str, str]] = {}
+        for r in spec.relations:
+            answers[r.name] = invented_words(rng, r.n_answers, used)
+            if r.derived_from is None:
+                # every answer used at least once, the rest uniform
+                draw = answers[r.name] + [rng.choice(answers[r.name]) for _ in range(len(subjects) - r.n_answers)]
+                rng.shuffle(draw)
+                value[r.name] = dict(zip(subjects, draw))
+            else:
+                parents = answers[r.derived_from]
+                mapping = dict(zip(parents, answers[r.name] + [rng.choice(answers[r.name]) for _ in range(len(parents) - r.n_answers)]))
+                value[r.name] = {s: mapping[value[r.derived_from][s]] for s in subjects}
+        rows = [(s, r.name, value[r.name][s]) for r in spec.relations for s in subjects]
+        facts = pd.DataFrame(rows, columns=["subject", "relation", "answer"])
+        return cls(spec, subjects, frequency, answers, facts)
+
+    # access --------------------------------------------------------------------------------
+    @cached_property
+    def relation(self) -> dict[str, RelationSpec]:
+        return {r.name: r for r in self.spec.relations}
+
+    @cached_property
+    def _value(self) -> dict[tuple[str, str], str]:
+        return {(s, r): a for s, r, a in self.facts.itertuples(index=False)}
+
+    def answer(self, subject: str, relation: str) -> str:
+        return self._value[(subject, relation)]
+
+    def templates(self, relation: str) -> list[str]:
+        r = self.relation[relation]
+        return [p.format(noun=r.noun) for p in TEMPLATE_PATTERNS[: r.templates]]
+
+    @cached_property
+    def _fixed_bio_order(self) -> list[str]:
+        return [r.name for r in self.spec.relations if r.bio and not r.augment]
+
+    def query(self, subject: str, relation: str) -> str:
+        """The held-in prompt for a fact, written as the corpus writes it (answer omitted)."""
+        r = self.relation[relation]
+        if r.bio and not r.augment:  # a fixed-order biography, up to this fact
+            parts = []
+            for i, name in enumerate(self._fixed_bio_order):
+                who = subject if i == 0 else "they"
+                t = self.templates(name)[0]
+                if name == relation:
+                    parts.append(f"{who} {t}")
+                    break
+                parts.append(f"{who} {t} {self.answer(subject, name)} .")
+            return " ".join(parts)
+        return f"{subject} {self.templates(relation)[0]}"
+
+    def queries(self, relation: str) -> pd.DataFrame:
+        """One row per subject: prompt, subject, answer (for capture, probes and recall)."""
+        rows = [(self.query(s, relation), s, self.answer(s, relation)) for s in self.subjects]
+        return pd.DataFrame(rows, columns=["prompt", "subject", "answer"])
+
+    @property
+    def label_categories(self) -> dict[str, tuple[str, ...]]:
+        return dict(LABELS)
+
+    # corpus --------------------------------------------------------------------------------
+    def corpus(self) -> list[str]:
+        """The pretraining documents, in a deterministic shuffled order."""
+        rng = random.Random(self.spec.seed + 1)
+        docs: list[str] = []
+        rels = self.spec.relations
+        aug_bio = [r.name for r in rels if r.bio and r.augment]
+        fixed_bio = self._fixed_bio_order
+        loose = [r for r in rels if not r.bio]
+        for s in self.subjects:
+            f = self.frequency[s]
+            for _ in range(max((self.relation[n].mentions for n in aug_bio), default=0) * f):
+                names = [n for n in aug_bio]
+                rng.shuffle(names)
+                docs.append(" ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names))
+            for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
+                docs.append(self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .")
+            for r in loose:
+                for _ in range(r.mentions * f):
+                    docs.append(f"{s} {rng.choice(self.templates(r.name))} {self.answer(s, r.name)} .")
+        for category, words in LABELS.items():
+            for w in words:
+                for _ in range(self.spec.label_sentences):
+                    docs.append(rng.choice(LABEL_CONTEXTS).format(w=w) + f" a {w} is one of the {category} .")
+        rng.shuffle(docs)
+        return docs
+
+    def vocabulary(self) -> list[str]:
+        """Every word the corpus, the queries and relabelling fine-tunes can use."""
+        words: set[str] = set()
+        for doc in self.corpus():
+            words.update(doc.split())
+        for r in self.spec.relations:
+            for t in self.templates(r.name):
+                words.update(t.split())
+        for ws in LABELS.values():
+            words.update(ws)
+        words.update(_STUDY_WORDS)
+        return sorted(words)
+
+
+#: Words that relabelling templates use (a template that never names the original relation).
+_STUDY_WORDS = "is associated with the word belongs to group goes with tag label".split()

@@ -1,0 +1,285 @@
+"""Probe sweeps: how linearly readable is each relation's answer, at every site?
+
+For each relation and site, a multinomial logistic probe (:class:`~probes.LinearProbe`'s
+objective) is trained from the subject's hidden state to the answer, with stratified k-fold
+cross-validation over subjects, for one or more seeds (each seed reshuffles the folds). All
+probes of a sweep (relations x sites x folds x seeds, plus controls) are fitted together by
+the batched solver of :mod:`probes.logistic`.
+
+**Control task** (Hewitt & Liang 2019): the same subjects with their answers randomly
+reassigned (a seeded permutation, so class sizes are kept), probed with the same folds.
+*Selectivity* = accuracy - control accuracy: how much of the accuracy reflects the relation
+rather than the probe's capacity to memorize arbitrary labels.
+
+**Rare answers** (documented rule, never silent): an answer held by fewer subjects than there
+are folds cannot appear in every fold; its subjects are removed from that relation's sweep
+before splitting, and every row reports ``dropped_classes`` and ``dropped_subjects``. A relation
+left with fewer than 2 answers, or with fewer subjects than folds, raises an error. A subject
+listed twice in a relation is kept once (its first answer), so folds split by subject.
+
+Result: one row per (model, relation, site, fold, seed) with ``accuracy``, ``top_k_accuracy``,
+``log_loss``, ``chance`` (1 / number of answers), ``n_train``, ``n_test``, ``n_classes``,
+``control_accuracy`` and ``selectivity``. :attr:`ProbeSweep.readout_` holds, for every subject,
+the probe's ranked answers from the fold in which that subject was held out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.model_selection import StratifiedKFold
+from tqdm.auto import tqdm
+
+from interp.capture import capture
+from interp.models import Model
+from interp.relations import Relation, RelationError
+from interp.sites import parse_site
+
+from .logistic import fit_logistic
+
+
+@dataclass
+class _Prepared:
+    relation: Relation
+    keep: np.ndarray  # indices of kept samples
+    classes: list[str]
+    y: np.ndarray  # [n_kept] class indices
+    folds: list[list[np.ndarray]]  # per seed: fold id per kept sample
+    control: list[np.ndarray]  # per seed: permuted labels
+    dropped_classes: int
+    dropped_subjects: int
+
+
+class ProbeSweep:
+    """A configured probe sweep; :meth:`run` applies it to a model or to stored activations.
+
+    Parameters
+    ----------
+    sites : site names (default: ``blocks.{l}.hook_resid_post`` for every layer).
+    folds : k of the stratified k-fold split. seeds : one split (and control labelling) each.
+    C : inverse L2 strength, as in scikit-learn. control : also fit the control task.
+    top_k : k of ``top_k_accuracy`` and of the read-out's ranked answers.
+    positions : where to read the subject (when capturing from a model).
+    device, dtype : where and in what precision the probes are fitted.
+    """
+
+    def __init__(
+        self,
+        sites: Optional[Sequence[str]] = None,
+        folds: int = 5,
+        seeds: Sequence[int] = (0,),
+        C: float = 1.0,
+        control: bool = True,
+        top_k: int = 5,
+        positions="subject_last",
+        batch_size: int = 64,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        tol: float = 1e-4,
+        max_iter: int = 1000,
+        max_elements: int = 40_000_000,
+        progress: Optional[bool] = None,
+    ):
+        self.sites = sites
+        self.folds = folds
+        self.seeds = tuple(seeds)
+        self.C = C
+        self.control = control
+        self.top_k = top_k
+        self.positions = positions
+        self.batch_size = batch_size
+        self.device = device
+        self.dtype = dtype
+        self.tol = tol
+        self.max_iter = max_iter
+        self.max_elements = max_elements
+        self.progress = progress
+
+    # ------------------------------------------------------------------------------------------
+    def run(self, source, relations: Sequence[Relation], model_name: Optional[str] = None) -> pd.DataFrame:
+        """Sweep ``relations`` over sites. ``source``: a :class:`~interp.Model` (activations are
+        captured) or a mapping ``relation name -> {site: [n_samples, d] tensor}`` (stored
+        activations, rows in the relation's sample order)."""
+        if self.folds < 2:
+            raise ValueError(f"folds must be at least 2, got {self.folds}")
+        if not relations:
+            raise ValueError("no relations to sweep")
+        prepared = [self._prepare(r) for r in relations]
+        if isinstance(source, Model):
+            sites = list(self.sites or [source.resid_site(l) for l in range(source.n_layers)])
+            source.check_sites(sites)
+            model_name = model_name or source.name
+            features = {}
+            for p in tqdm(prepared, desc="capture relations", disable=self._quiet(len(prepared))):
+                prompts = [p.relation.prompts()[i] for i in p.keep]
+                acts = capture(source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False)
+                features[p.relation.name] = {s: acts[s] for s in sites}
+        else:
+            features = {}
+            for p in prepared:
+                if p.relation.name not in source:
+                    raise KeyError(f"no stored activations for relation {p.relation.name!r}; have {sorted(source)}")
+                stored = source[p.relation.name]
+                sites = list(self.sites or list(stored.keys()))
+                feats = {}
+                for s in sites:
+                    if s not in stored:
+                        raise KeyError(f"relation {p.relation.name!r} has no stored activations at {s!r}; have {sorted(stored)}")
+                    x = stored[s] if isinstance(stored[s], torch.Tensor) else torch.as_tensor(np.asarray(stored[s]))
+                    if x.shape[0] != len(p.relation):
+                        raise ValueError(
+                            f"relation {p.relation.name!r}: {x.shape[0]} rows of activations at {s!r} but "
+                            f"{len(p.relation)} samples; rows must follow the relation's samples one to one"
+                        )
+                    feats[s] = x[torch.as_tensor(p.keep)]
+                features[p.relation.name] = feats
+            model_name = model_name or "stored"
+        for name, feats in features.items():
+            for s, x in feats.items():
+                if not torch.isfinite(x.float()).all():
+                    raise ValueError(f"activations of relation {name!r} at {s!r} contain NaN or inf; check the capture (dtype overflow?)")
+        rows, readout = self._fit_all(prepared, features, model_name)
+        self.readout_ = pd.DataFrame(readout)
+        return pd.DataFrame(rows)
+
+    # ------------------------------------------------------------------------------------------
+    def _quiet(self, n):
+        return (n <= 1) if self.progress is None else not self.progress
+
+    def _prepare(self, relation: Relation) -> _Prepared:
+        answers = np.asarray(relation.answers, dtype=object)
+        first, seen = [], set()
+        for i, subject in enumerate(relation.subjects):  # one sample per subject
+            if subject not in seen:
+                seen.add(subject)
+                first.append(i)
+        values, counts = np.unique(answers[first], return_counts=True)
+        rare = set(values[counts < self.folds])
+        keep = np.array([i for i in first if answers[i] not in rare], dtype=int)
+        classes = sorted(set(answers[keep])) if len(keep) else []
+        if len(keep) < self.folds:
+            raise RelationError(
+                f"relation {relation.name!r} has {len(keep)} usable subjects, fewer than folds={self.folds}; "
+                "lower folds or add subjects"
+            )
+        if len(classes) < 2:
+            raise RelationError(
+                f"relation {relation.name!r} has fewer than 2 answers with at least folds={self.folds} subjects "
+                f"(answers: {dict(zip(values, counts))}); a probe needs 2 classes. Lower folds or drop the relation."
+            )
+        index = {c: i for i, c in enumerate(classes)}
+        y = np.array([index[a] for a in answers[keep]])
+        folds, control = [], []
+        for seed in self.seeds:
+            split = StratifiedKFold(n_splits=self.folds, shuffle=True, random_state=seed)
+            fold_of = np.empty(len(y), dtype=int)
+            for f, (_, test) in enumerate(split.split(np.zeros(len(y)), y)):
+                fold_of[test] = f
+            folds.append(fold_of)
+            control.append(np.random.default_rng(10_000 + seed).permutation(y))
+        return _Prepared(relation, keep, classes, y, folds, control, len(rare), len(first) - len(keep))
+
+    def _tasks(self, p: _Prepared):
+        """Per relation: labels [K, n] and train masks [K, n] with K = seeds x folds x (task, control)."""
+        ys, trains, meta = [], [], []
+        for si, seed in enumerate(self.seeds):
+            for fold in range(self.folds):
+                train = p.folds[si] != fold
+                for kind in ("task", "control") if self.control else ("task",):
+                    ys.append(p.y if kind == "task" else p.control[si])
+                    trains.append(train)
+                    meta.append((seed, fold, kind, si))
+        return np.stack(ys), np.stack(trains), meta
+
+    def _fit_all(self, prepared, features, model_name):
+        groups = []  # (prepared, site, X)
+        for p in prepared:
+            for s, x in features[p.relation.name].items():
+                groups.append((p, s, x))
+        K = len(self.seeds) * self.folds * (2 if self.control else 1)
+        rows, readout = [], []
+        # chunk groups so the logits tensor stays under max_elements
+        n_max = max(len(p.keep) for p in prepared)
+        c_max = max(len(p.classes) for p in prepared)
+        per_group = K * n_max * c_max
+        chunk = max(1, self.max_elements // max(per_group, 1))
+        bar = tqdm(total=len(groups), desc="probes", unit="site", disable=self._quiet(len(groups) > 1 and 2))
+        for start in range(0, len(groups), chunk):
+            part = groups[start : start + chunk]
+            d = part[0][2].shape[-1]
+            if any(x.shape[-1] != d for _, _, x in part):
+                raise ValueError("all sites in a sweep chunk must have the same width; sweep sites of different widths separately")
+            n = max(len(p.keep) for p, _, _ in part)
+            X = torch.zeros(len(part), n, d, dtype=self.dtype)
+            Y = torch.full((len(part), K, n), -1, dtype=torch.long)
+            T = torch.zeros(len(part), K, n, dtype=torch.bool)
+            NC = torch.zeros(len(part), K, dtype=torch.long)
+            metas = []
+            for g, (p, s, x) in enumerate(part):
+                m = len(p.keep)
+                X[g, :m] = x.reshape(m, -1).to(self.dtype)
+                ys, trains, meta = self._tasks(p)
+                Y[g, :, :m] = torch.as_tensor(ys)
+                T[g, :, :m] = torch.as_tensor(trains)
+                NC[g] = len(p.classes)
+                metas.append(meta)
+            fit = fit_logistic(X.to(self.device), Y.to(self.device), T.to(self.device), NC.to(self.device),
+                               C=self.C, max_iter=self.max_iter, tol=self.tol, dtype=self.dtype)
+            logits = fit.logits(X.to(self.device)).cpu()  # [G, K, n, c]
+            for g, (p, s, x) in enumerate(part):
+                self._evaluate(p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout)
+            bar.update(len(part))
+        bar.close()
+        return rows, readout
+
+    def _evaluate(self, p, site, logits, meta, model_name, converged, rows, readout):
+        m, c = len(p.keep), len(p.classes)
+        logp = torch.log_softmax(logits[:, :m, :c].double(), -1)  # [K, m, c]
+        layer = parse_site(site).layer
+        k_top = min(self.top_k, c)
+        by_key = {}
+        for k, (seed, fold, kind, si) in enumerate(meta):
+            labels = p.y if kind == "task" else p.control[si]
+            test = torch.as_tensor(p.folds[si] == fold)
+            yl = torch.as_tensor(labels)[test]
+            lp = logp[k][test]
+            top = lp.topk(k_top, -1).indices
+            by_key[(seed, fold, kind)] = {
+                "accuracy": (top[:, 0] == yl).double().mean().item(),
+                "top_k_accuracy": (top == yl[:, None]).any(-1).double().mean().item(),
+                "log_loss": -lp.gather(1, yl[:, None]).mean().item(),
+                "n_train": int((~test).sum()), "n_test": int(test.sum()), "converged": bool(converged[k]),
+            }
+            if kind == "task":
+                order = logp[k].argsort(-1, descending=True)
+                for i in np.flatnonzero(p.folds[si] == fold):
+                    ranked = [p.classes[j] for j in order[i, :k_top].tolist()]
+                    readout.append({
+                        "model": model_name, "relation": p.relation.name, "site": site, "layer": layer, "seed": seed,
+                        "fold": fold, "subject": p.relation.subjects[p.keep[i]], "answer": p.classes[p.y[i]],
+                        "predicted": ranked[0], "top_answers": ranked,
+                        "answer_rank": int((order[i] == p.y[i]).nonzero()[0, 0]) + 1,
+                    })
+        for seed in self.seeds:
+            for fold in range(self.folds):
+                t = by_key[(seed, fold, "task")]
+                row = {
+                    "model": model_name, "relation": p.relation.name, "site": site, "layer": layer, "fold": fold,
+                    "seed": seed, "accuracy": t["accuracy"], "top_k_accuracy": t["top_k_accuracy"], "top_k": k_top,
+                    "log_loss": t["log_loss"], "chance": 1.0 / c, "n_train": t["n_train"], "n_test": t["n_test"],
+                    "n_classes": c, "dropped_classes": p.dropped_classes, "dropped_subjects": p.dropped_subjects,
+                    "converged": t["converged"],
+                }
+                if self.control:
+                    ctl = by_key[(seed, fold, "control")]
+                    row["control_accuracy"] = ctl["accuracy"]
+                    row["selectivity"] = t["accuracy"] - ctl["accuracy"]
+                rows.append(row)
+
+
+def sweep(source, relations: Sequence[Relation], model_name: Optional[str] = None, **config) -> pd.DataFrame:
+    """Shortcut: ``ProbeSweep(**config).run(source, relations, model_name)``."""
+    return ProbeSweep(**config).run(source, relations, model_name)

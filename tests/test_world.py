@@ -1,0 +1,139 @@
+"""The synthetic world, its tokenizer, its pretraining, and the shipped world model."""
+import json
+
+import pytest
+import torch
+
+import interp
+from interp.world import (
+    RelationSpec, TrainConfig, World, WorldSpec, WorldSpecError, build_tokenizer, default_spec, load_world,
+    train_world_model,
+)
+from interp.world.report import recall
+
+SMALL = WorldSpec(
+    seed=3, n_subjects=60,
+    relations=(
+        RelationSpec("city", "city", 6, templates=3, mentions=2, augment=True, bio=True),
+        RelationSpec("country", "country", 3, "city", augment=True, bio=True),
+        RelationSpec("sport", "sport", 4, bio=True),
+        RelationSpec("hand", "handedness", 2, bio=True),
+        RelationSpec("month", "month", 5, templates=2),
+    ),
+    label_sentences=1,
+)
+
+
+def test_same_seed_same_world_and_corpus():
+    a, b = World.generate(default_spec(seed=1)), World.generate(default_spec(seed=1))
+    assert a.subjects == b.subjects and a.facts.equals(b.facts) and a.corpus() == b.corpus()
+    c = World.generate(default_spec(seed=2))
+    assert c.subjects != a.subjects
+
+
+def test_default_world_shape():
+    w = World.generate(default_spec())
+    assert len(w.subjects) >= 1000 and len(set(w.subjects)) == len(w.subjects)
+    assert len(w.spec.relations) >= 24
+    assert all(2 <= r.n_answers <= 30 for r in w.spec.relations)
+    assert all(len(s.split()) >= 2 for s in w.subjects)  # multi-token names
+    counts = w.facts.groupby("relation")["answer"].nunique()
+    assert all(counts[r.name] == r.n_answers for r in w.spec.relations)
+    assert len(w.label_categories) >= 4 and len(w.label_categories["animals"]) >= 30
+    # derived relations are functions of their parent: city -> country -> continent
+    f = w.facts.pivot(index="subject", columns="relation", values="answer")
+    assert (f.groupby("city")["country"].nunique() == 1).all()
+    assert (f.groupby("country")["continent"].nunique() == 1).all()
+    # labels occur in the corpus in unrelated contexts
+    text = " ".join(w.corpus())
+    assert all(f" {label} " in text for label in w.label_categories["animals"])
+
+
+def test_knobs_change_how_facts_are_written():
+    w = World.generate(SMALL)
+    s = w.subjects[0]
+    assert w.query(s, "city").startswith(s)  # augmented: every sentence names the subject
+    assert w.query(s, "hand").count(" they ") >= 1  # fixed-order bio: later sentences say "they"
+    docs = w.corpus()
+    city_templates = {t for d in docs for t in w.templates("city") if t in d}
+    assert len(city_templates) == 3
+    assert sum(d.count(f"{s} ") for d in docs) > 0
+
+
+def test_spec_json_round_trip():
+    spec = default_spec(seed=4)
+    assert WorldSpec.from_json(spec.to_json()) == spec
+
+
+def test_tokenizer_round_trip():
+    w = World.generate(SMALL)
+    tok = build_tokenizer(w.vocabulary())
+    for doc in w.corpus()[:50]:
+        ids = tok(doc, add_special_tokens=False)["input_ids"]
+        assert tok.unk_token_id not in ids
+        assert tok.decode(ids) == doc
+    enc = tok(w.subjects[0] + " 's city is", return_offsets_mapping=True)
+    assert len(enc["input_ids"]) == len(w.subjects[0].split()) + 3
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(relations=()), "at least one relation"),
+        (dict(n_subjects=5, relations=(RelationSpec("city", "city", 10),)), "more answers .* than the world has subjects"),
+        (dict(relations=(RelationSpec("city", "city", 40),)), "2 to 30 answers"),
+        (dict(relations=(RelationSpec("c", "c", 5, "nothing"),)), "derived from 'nothing'"),
+    ],
+)
+def test_impossible_specs(bad, message):
+    with pytest.raises(WorldSpecError, match=message):
+        WorldSpec(**bad).validate()
+
+
+def test_unknown_knob():
+    d = json.loads(default_spec().to_json())
+    d["relations"][0]["shuffle"] = True
+    with pytest.raises(WorldSpecError, match=r"unknown knob\(s\) \['shuffle'\].*templates, mentions, augment, bio"):
+        WorldSpec.from_dict(d)
+
+
+def test_twenty_step_training_run(tmp_path, backend):
+    path = train_world_model(SMALL, tmp_path / "w", TrainConfig(steps=20, n_layers=2, d_model=32, batch_size=8), progress=False)
+    assert {"model.safetensors", "config.json", "world_spec.json", "train_log.csv", "tokenizer.json"} <= {p.name for p in path.iterdir()}
+    log = (path / "train_log.csv").read_text().splitlines()
+    assert log[0].startswith("step,epoch,loss") and len(log) >= 2
+    model = interp.load_model(path, backend=backend)
+    world = load_world(path)
+    assert world.subjects == World.generate(SMALL).subjects
+    acts = interp.capture(model, world.queries("city")[["prompt", "subject"]],
+                          sites=["blocks.1.hook_resid_post"], positions="subject_last")
+    assert acts["blocks.1.hook_resid_post"].shape == (60, 32)
+
+
+def test_training_is_deterministic(tmp_path):
+    cfg = TrainConfig(steps=5, n_layers=1, d_model=16, batch_size=4)
+    a = train_world_model(SMALL, tmp_path / "a", cfg, progress=False)
+    b = train_world_model(SMALL, tmp_path / "b", cfg, progress=False)
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_shipped_world_model_recalls_facts(backend):
+    model = interp.load_model("world", backend=backend)
+    world = load_world()
+    sample = world.subjects[::10]
+    table = recall(model, world, subjects=sample)
+    assert table["correct"].mean() >= RECALL_FLOOR, table.groupby("relation")["correct"].mean()
+
+
+def test_shipped_world_model_captures_through_both_backends():
+    world = load_world()
+    prompts = world.queries("city").head(16)[["prompt", "subject"]]
+    sites = ["blocks.0.hook_resid_post", "blocks.3.attn.hook_z"]
+    a = interp.capture(interp.load_model("world", backend="transformer_lens"), prompts, sites=sites, positions="subject_last")
+    b = interp.capture(interp.load_model("world", backend="nnsight"), prompts, sites=sites, positions="subject_last")
+    for s in sites:
+        torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=0)
+
+
+#: measured mean recall of the shipped checkpoint (README) minus a margin for the 10% sample
+RECALL_FLOOR = 0.90
