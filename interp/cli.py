@@ -1,5 +1,8 @@
 """The ``interp`` command line.
 
+    interp study --out DIR           the generalization study on the embedded world model (main job)
+    interp study figures DIR         redraw every figure and the report of a results folder
+    interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
     interp demo                      capture + probe demo on the embedded world model
     interp world train --out DIR     pretrain a world model (the embedded default's recipe)
     interp world report [--model DIR]  recall and readability per relation
@@ -18,6 +21,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 app = typer.Typer(help="Activation capture, probes and generalization studies.", no_args_is_help=True)
 world_app = typer.Typer(help="Synthetic knowledge worlds and the embedded world model.", no_args_is_help=True)
 app.add_typer(world_app, name="world")
+study_app = typer.Typer(help="The generalization study (the main job).", invoke_without_command=True)
+app.add_typer(study_app, name="study")
 
 
 @app.command()
@@ -40,6 +45,65 @@ def demo(
     typer.echo("\nbest-layer probe accuracy of each relation's answer at the subject's last token:")
     typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"\nwrote {out / 'readability.csv'}")
+
+
+@study_app.callback()
+def study(
+    ctx: typer.Context,
+    out: Path = typer.Option(Path("results/study"), help="results folder (resumed if it exists)"),
+    model: str = typer.Option("world", help="'world', a world checkpoint, or any model spec (then give --relations)"),
+    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
+    backend: str = typer.Option("nnsight", help="transformer_lens or nnsight"),
+    n_finetune: int = typer.Option(5, help="fine-tuning subjects per answer"),
+    methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
+    quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
+):
+    """Run (or resume) the generalization study; writes tables, figures and report.html."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from interp.study import StudyConfig, run_study
+
+    cfg = StudyConfig(n_finetune=n_finetune, methods=tuple(methods.split(",")))
+    if quick:
+        cfg = StudyConfig(n_finetune=n_finetune, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,),
+                          other_categories=(), n_boot=500, n_perm=500)
+    result = run_study(model, relations or None, out=out, config=cfg, backend=backend)
+    s = result.summary
+    p = s["headline"].get("pearson", {})
+    typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
+    typer.echo(f"Pearson r(readability, generalization) = {p.get('r', float('nan')):.3f} "
+               f"[{p.get('ci', [float('nan')] * 2)[0]:.3f}, {p.get('ci', [float('nan')] * 2)[1]:.3f}], permutation p = {p.get('p_value', float('nan')):.3g}")
+    for k, v in s["headline"].items():
+        if isinstance(v, dict) and k != "pearson":
+            typer.echo(f"  {k:<32} r = {v['r']:.3f}  p = {v['p_value']:.3g}")
+    typer.echo(f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings")
+    b = s["backmap"]
+    typer.echo(f"error back-mapping: {b['n_errors']} errors; in probe top-k {b['probe_topk_rate']:.3f}, in model top-k {b['model_topk_rate']:.3f}")
+    typer.echo(f"mean train accuracy {s['train_accuracy']}; mean generalization {s['generalization']}")
+    typer.echo(f"report: {out / 'report.html'}")
+
+
+@study_app.command("figures")
+def study_figures(out: Path = typer.Argument(..., help="a finished study's results folder")):
+    """Regenerate every figure (HTML, PNG, SVG, PDF) and report.html from the saved tables."""
+    from interp.study.report import write_report
+
+    typer.echo(f"wrote {write_report(out)}")
+
+
+@study_app.command("causal")
+def study_causal(
+    out: Path = typer.Option(Path("results/causal"), help="results folder (resumed if it exists)"),
+    steps: int = typer.Option(4800, help="pretraining steps for each world"),
+    relations: Optional[list[str]] = typer.Option(None, help="relations to manipulate (default: the augmented ones)"),
+):
+    """Two worlds, augmented vs plain writing of some relations: compare readability and generalization."""
+    from interp.study.causal import causal_test
+    from interp.world import TrainConfig
+
+    df = causal_test(out, relations or None, train=TrainConfig(steps=steps))
+    typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo((out / "causal.json").read_text())
 
 
 @world_app.command("train")

@@ -33,13 +33,17 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
     Parameters
     ----------
     C : inverse regularization strength (as in scikit-learn).
+    standardize : fit on standardized features, as ``make_pipeline(StandardScaler(),
+        LogisticRegression(C))``; ``coef_`` and ``intercept_`` still act on the raw features.
     max_iter, tol : L-BFGS limits; ``tol`` bounds the largest gradient entry at the optimum.
     dtype : ``"float64"`` (default, for exact agreement) or ``"float32"``.
     device : where to fit (``"cpu"``, ``"cuda"``).
     """
 
-    def __init__(self, C: float = 1.0, max_iter: int = 1000, tol: float = 1e-6, dtype: str = "float64", device: str = "cpu"):
+    def __init__(self, C: float = 1.0, standardize: bool = False, max_iter: int = 1000, tol: float = 1e-6,
+                 dtype: str = "float64", device: str = "cpu"):
         self.C = C
+        self.standardize = standardize
         self.max_iter = max_iter
         self.tol = tol
         self.dtype = dtype
@@ -59,7 +63,7 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
         dtype = getattr(torch, self.dtype)
         fit = fit_logistic(
             torch.tensor(X, device=self.device), torch.tensor(y_idx, device=self.device),
-            C=float(self.C), max_iter=self.max_iter, tol=self.tol, dtype=dtype,
+            C=float(self.C), max_iter=self.max_iter, tol=self.tol, dtype=dtype, standardize=self.standardize,
         )
         W = fit.coef[0, 0].cpu().numpy().T  # [c, d]
         b = fit.intercept[0, 0].cpu().numpy()

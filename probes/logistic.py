@@ -13,6 +13,17 @@ problems are ``einsum("gnd,gkdc->gknc")``. The solver is L-BFGS run independentl
 but vectorized across problems, so it reaches each problem's own optimum: the same optimum as
 ``sklearn.linear_model.LogisticRegression(C=C)``, since the objective is strictly convex.
 
+**Standardization** (``standardize=True``): each problem's features are centred and scaled by
+its own *training* rows' mean and standard deviation (a zero-variance feature keeps scale 1),
+exactly as ``make_pipeline(StandardScaler(), LogisticRegression(C))`` fitted on those rows; the
+penalty then acts on standardized coefficients. It is applied implicitly (the effective raw-space
+weights are ``W / sigma`` and ``b - (mu / sigma) W``), so the batch still shares one ``X``. It also
+makes the problems well conditioned: hidden states have large, uneven scales, on which L-BFGS
+(scikit-learn's or ours) needs thousands of iterations.
+
+Problems that have converged drop out of the computation (whole groups at a time), so a few slow
+problems do not keep the whole batch busy.
+
 Two classes: scikit-learn fits one logistic coefficient vector ``w`` penalized by
 ``||w||^2 / (2 C n)``. The two-column softmax with weights ``(w/2, -w/2)`` is the same model,
 and its penalty equals scikit-learn's when the softmax is fitted with ``C / 2``; we do exactly
@@ -51,13 +62,15 @@ def fit_logistic(
     tol: float = 1e-5,
     history: int = 10,
     dtype: torch.dtype = torch.float32,
+    standardize: bool = False,
 ) -> LogisticFit:
     """Fit ``G * K`` L2 multinomial logistic regressions at once (see module docstring).
 
     ``y[g, k]`` holds class indices ``0 .. n_classes[g, k] - 1``; entries outside ``train[g, k]``
     are ignored (``-1`` marks padding). ``y``, ``train`` and ``n_classes`` may omit the group
-    axis when every group has the same tasks. Runs on ``X``'s device. ``tol``: stop a problem when the
-    largest absolute gradient entry of its (mean-scaled) objective is below ``tol``.
+    axis when every group has the same tasks. Runs on ``X``'s device. ``tol``: stop a problem
+    when the largest absolute gradient entry of its (mean-scaled) objective is below ``tol``.
+    Returned coefficients act on the raw (unstandardized) features.
     """
     if X.dim() == 2:
         X = X[None]
@@ -83,35 +96,56 @@ def fit_logistic(
     if (n_train == 0).any():
         raise ValueError("a probe has no training samples")
     C_eff = torch.where(n_classes == 2, C / 2.0, C).to(dtype)
-    lam = 1.0 / (C_eff * n_train)  # [G, K]
-    Xa = torch.cat([X, torch.ones(G, n, 1, dtype=dtype, device=device)], -1)  # [G, n, d + 1]
-    pad = torch.arange(c, device=device) >= n_classes[..., None]  # [G, K, c] padded classes
-    weight = train.to(dtype) / n_train[..., None]  # [G, K, n]
+    W = {}  # the working set: every per-group tensor, sliced together when groups finish
+    W["lam"] = 1.0 / (C_eff * n_train)  # [G, K]
+    W["Xa"] = torch.cat([X, torch.ones(G, n, 1, dtype=dtype, device=device)], -1)  # [G, n, d + 1]
+    W["pad"] = torch.arange(c, device=device) >= n_classes[..., None]  # [G, K, c] padded classes
+    W["weight"] = train.to(dtype) / n_train[..., None]  # [G, K, n]
+    W["train"] = train
     y_safe = torch.where(train, y, torch.zeros_like(y)).clamp(min=0)
-    onehot = torch.nn.functional.one_hot(y_safe, c).to(dtype) * train[..., None]  # [G, K, n, c]
+    W["onehot"] = torch.nn.functional.one_hot(y_safe, c).to(dtype) * train[..., None]  # [G, K, n, c]
+    if standardize:
+        W["scale"], W["shift"] = _scaling(W["weight"], X)
     reg_mask = torch.ones(d + 1, 1, dtype=dtype, device=device)
     reg_mask[-1] = 0.0  # no penalty on the intercept
 
-    def logits(theta):  # theta [G, K, d + 1, c] -> [G, K, n, c]
-        return torch.einsum("gnd,gkdc->gknc", Xa, theta).masked_fill(pad[:, :, None, :], float("-inf"))
+    def effective(theta):  # standardized-space parameters -> raw-space parameters
+        if not standardize:
+            return theta
+        w, b = theta[..., :d, :], theta[..., d, :]
+        b_eff = b - torch.einsum("gkd,gkdc->gkc", W["shift"], w)
+        return torch.cat([w * W["scale"][..., None], b_eff[..., None, :]], -2)
 
-    def penalty(theta):
-        return 0.5 * lam * ((theta * reg_mask) ** 2).sum((-1, -2))
+    def pullback(g_eff):  # gradient w.r.t. raw-space parameters -> standardized-space
+        if not standardize:
+            return g_eff
+        gw = g_eff[..., :d, :] * W["scale"][..., None] - W["shift"][..., None] * g_eff[..., d:, :]
+        return torch.cat([gw, g_eff[..., d:, :]], -2)
+
+    def logp_of(theta):
+        z = torch.einsum("gnd,gkdc->gknc", W["Xa"], effective(theta))
+        return torch.log_softmax(z.masked_fill(W["pad"][:, :, None, :], float("-inf")), -1)
+
+    def objective(theta, logp):
+        penalty = 0.5 * W["lam"] * ((theta * reg_mask) ** 2).sum((-1, -2))
+        return -((logp.nan_to_num(neginf=0.0) * W["onehot"]).sum(-1) * W["weight"]).sum(-1) + penalty
 
     def value(theta):  # -> f [G, K]
-        logp = torch.log_softmax(logits(theta), -1).nan_to_num(neginf=0.0)
-        return -((logp * onehot).sum(-1) * weight).sum(-1) + penalty(theta)
+        return objective(theta, logp_of(theta))
 
     def value_and_grad(theta):
-        logp = torch.log_softmax(logits(theta), -1)
-        f = -((logp.nan_to_num(neginf=0.0) * onehot).sum(-1) * weight).sum(-1) + penalty(theta)
-        dz = (logp.exp() * train[..., None] - onehot) * weight[..., None]
-        g = torch.einsum("gnd,gknc->gkdc", Xa, dz) + lam[..., None, None] * theta * reg_mask
-        return f, g
+        logp = logp_of(theta)
+        dz = (logp.exp() * W["train"][..., None] - W["onehot"]) * W["weight"][..., None]
+        g = pullback(torch.einsum("gnd,gknc->gkdc", W["Xa"], dz)) + W["lam"][..., None, None] * theta * reg_mask
+        return objective(theta, logp), g
 
     def dot(a, b):
         return (a * b).sum((-1, -2))
 
+    out_theta = torch.zeros(G, K, d + 1, c, dtype=dtype, device=device)
+    out_grad = torch.zeros(G, K, dtype=dtype, device=device)
+    out_iter = torch.zeros(G, K, dtype=torch.long, device=device)
+    groups = torch.arange(G, device=device)  # which original groups the working set holds
     theta = torch.zeros(G, K, d + 1, c, dtype=dtype, device=device)
     f, g = value_and_grad(theta)
     S: list[Tensor] = []
@@ -119,9 +153,25 @@ def fit_logistic(
     rho: list[Tensor] = []
     active = g.abs().amax((-1, -2)) > tol
     n_iter = torch.zeros(G, K, dtype=torch.long, device=device)
+
+    def retire(keep):  # write finished groups to the outputs; slice the working set
+        nonlocal theta, f, g, active, n_iter, groups
+        done = ~keep
+        out_theta[groups[done]] = theta[done]
+        out_grad[groups[done]] = g[done].abs().amax((-1, -2))
+        out_iter[groups[done]] = n_iter[done]
+        for key in W:
+            W[key] = W[key][keep]
+        theta, f, g, active, n_iter, groups = theta[keep], f[keep], g[keep], active[keep], n_iter[keep], groups[keep]
+        for hist in (S, Yh, rho):
+            hist[:] = [h[keep] for h in hist]
+
     for it in range(max_iter):
-        if not active.any():
+        busy = active.any(-1)
+        if not busy.any():
             break
+        if busy.sum() < 0.75 * len(busy):
+            retire(busy)
         # two-loop recursion, per problem
         q = g.clone()
         alphas = []
@@ -145,7 +195,7 @@ def fit_logistic(
         slope = torch.where(bad, -dot(g, g), slope)
         direction = direction * active[..., None, None]
         # Armijo backtracking, per problem
-        step = torch.ones(G, K, dtype=dtype, device=device)
+        step = torch.ones_like(f)
         for _ in range(40):
             f_new = value(theta + step[..., None, None] * direction)
             ok = (f_new <= f + 1e-4 * step * slope) | ~active
@@ -163,11 +213,25 @@ def fit_logistic(
         if len(S) > history:
             S.pop(0), Yh.pop(0), rho.pop(0)
         theta = torch.where(active[..., None, None], theta_new, theta)
+        stalled = (f - f_new).abs() <= 1e-12 * f.abs().clamp(min=1.0)
         f = torch.where(active, f_new, f)
         g = torch.where(active[..., None, None], g_new, g)
         n_iter += active.long()
-        stalled = (f - f_new).abs() <= 1e-12 * f.abs().clamp(min=1.0)
         active = active & (g.abs().amax((-1, -2)) > tol) & ~(stalled & (step < 1e-6))
-    converged = g.abs().amax((-1, -2)) <= tol
-    theta = theta.masked_fill(pad[:, :, None, :], 0.0)
-    return LogisticFit(theta[:, :, :-1, :], theta[:, :, -1, :], n_iter, converged)
+    retire(torch.zeros(len(groups), dtype=torch.bool, device=device))
+    # back to the full set of groups, in raw-feature coordinates
+    if standardize:
+        W["scale"], W["shift"] = _scaling(train.to(dtype) / n_train[..., None], X)
+    theta = effective(out_theta).masked_fill((torch.arange(c, device=device) >= n_classes[..., None])[:, :, None, :], 0.0)
+    return LogisticFit(theta[:, :, :-1, :], theta[:, :, -1, :], out_iter, out_grad <= tol)
+
+
+def _scaling(weight: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-problem ``1 / sigma`` and ``mu / sigma`` of the training rows (``weight`` sums to 1 over
+    them), like StandardScaler: population variance, and scale 1 for a constant feature."""
+    w64, x64 = weight.double(), X.double()
+    mu = torch.einsum("gkn,gnd->gkd", w64, x64)
+    var = (torch.einsum("gkn,gnd->gkd", w64, x64 * x64) - mu * mu).clamp(min=0)
+    sd = var.sqrt()
+    sd = torch.where(sd <= 1e-7 * mu.abs().clamp(min=1.0), torch.ones_like(sd), sd)
+    return (1 / sd).to(X.dtype), (mu / sd).to(X.dtype)

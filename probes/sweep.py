@@ -61,6 +61,9 @@ class ProbeSweep:
     sites : site names (default: ``blocks.{l}.hook_resid_post`` for every layer).
     folds : k of the stratified k-fold split. seeds : one split (and control labelling) each.
     C : inverse L2 strength, as in scikit-learn. control : also fit the control task.
+    standardize : standardize features with each training fold's mean and standard deviation
+        (default; the probe is then ``StandardScaler() + LogisticRegression(C)``). Hidden states
+        have large, uneven scales; without it the optimum is ill-conditioned and slow to reach.
     top_k : k of ``top_k_accuracy`` and of the read-out's ranked answers.
     positions : where to read the subject (when capturing from a model).
     device, dtype : where and in what precision the probes are fitted.
@@ -81,6 +84,7 @@ class ProbeSweep:
         tol: float = 1e-4,
         max_iter: int = 1000,
         max_elements: int = 40_000_000,
+        standardize: bool = True,
         progress: Optional[bool] = None,
     ):
         self.sites = sites
@@ -96,6 +100,7 @@ class ProbeSweep:
         self.tol = tol
         self.max_iter = max_iter
         self.max_elements = max_elements
+        self.standardize = standardize
         self.progress = progress
 
     # ------------------------------------------------------------------------------------------
@@ -227,7 +232,8 @@ class ProbeSweep:
                 NC[g] = len(p.classes)
                 metas.append(meta)
             fit = fit_logistic(X.to(self.device), Y.to(self.device), T.to(self.device), NC.to(self.device),
-                               C=self.C, max_iter=self.max_iter, tol=self.tol, dtype=self.dtype)
+                               C=self.C, max_iter=self.max_iter, tol=self.tol, dtype=self.dtype,
+                               standardize=self.standardize)
             logits = fit.logits(X.to(self.device)).cpu()  # [G, K, n, c]
             for g, (p, s, x) in enumerate(part):
                 self._evaluate(p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout)

@@ -38,6 +38,19 @@ def test_linear_probe_matches_sklearn(classes, C):
     assert abs(ours.score(X, y) - ref.score(X, y)) <= 0.01
 
 
+@pytest.mark.parametrize("classes", [2, 6])
+def test_standardized_probe_matches_a_scaler_pipeline(classes):
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = planted(classes=classes, noise=2.0)
+    X = X * np.linspace(0.1, 50, X.shape[1]) + 7.0  # uneven scales and offsets, like hidden states
+    X[:, 0] = 3.0  # a constant feature
+    ours = LinearProbe(C=0.3, standardize=True, tol=1e-9).fit(X, y)
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=0.3, tol=1e-10, max_iter=10_000)).fit(X, y)
+    np.testing.assert_allclose(ours.predict_proba(X), ref.predict_proba(X), atol=1e-6)
+
+
 def test_linear_probe_takes_torch_tensors_and_string_labels():
     X, y = planted(classes=3)
     names = np.array(["crab", "zebra", "otter"])[y]
@@ -95,14 +108,20 @@ def test_sweep_on_planted_and_shuffled_labels():
 
 def test_sweep_matches_a_loop_of_sklearn():
     X, y = planted(n=300, classes=4, noise=2.5)
-    feats = {"r": {"blocks.0.hook_resid_post": torch.tensor(X)}}
-    cfg = ProbeSweep(folds=3, control=False, dtype=torch.float64, tol=1e-8)
-    df = cfg.run(feats, [_relation(y)])
     from sklearn.model_selection import StratifiedKFold
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
-    for fold, (tr, te) in enumerate(StratifiedKFold(3, shuffle=True, random_state=0).split(X, y)):
-        ref = LogisticRegression(max_iter=10_000, tol=1e-10).fit(X[tr], y[tr]).score(X[te], y[te])
-        assert abs(df[df.fold == fold].accuracy.item() - ref) <= 0.01
+    for standardize in (False, True):
+        if standardize:
+            X = X * 30 + 5  # raw scales that only a standardized probe handles well
+        cfg = ProbeSweep(folds=3, control=False, dtype=torch.float64, tol=1e-8, standardize=standardize)
+        df = cfg.run({"r": {"blocks.0.hook_resid_post": torch.tensor(X)}}, [_relation(y)])
+        for fold, (tr, te) in enumerate(StratifiedKFold(3, shuffle=True, random_state=0).split(X, y)):
+            lr = LogisticRegression(max_iter=10_000, tol=1e-10)
+            ref = (make_pipeline(StandardScaler(), lr) if standardize else lr).fit(X[tr], y[tr]).score(X[te], y[te])
+            assert abs(df[df.fold == fold].accuracy.item() - ref) <= 0.01 + 1e-9
+        assert df.converged.all()
 
 
 def test_sweep_is_deterministic_and_reads_out_rankings():

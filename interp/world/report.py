@@ -4,20 +4,15 @@
   (``World.query``: the prompt exactly as the corpus writes the fact);
 - **readability**: 5-fold cross-validated accuracy of a multinomial logistic probe from the
   subject's last-token residual stream (``blocks.{l}.hook_resid_post``) to the answer, for every
-  layer; the best layer is reported, with chance = 1 / #answers. In a causal model the subject's
-  last-token state does not depend on what follows, so one capture serves every relation.
+  layer (:class:`probes.ProbeSweep`); the best layer is reported, with chance = 1 / #answers and
+  selectivity against a shuffled-label control.
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import torch
-from sklearn.linear_model import LogisticRegression
-from sklearn.model_selection import StratifiedKFold, cross_val_score
 
-from ..capture import capture
 from ..models import Model
-from ..prompts import Prompt
 from .world import World
 
 
@@ -40,25 +35,16 @@ def recall(model: Model, world: World, relations=None, subjects=None, batch_size
     return pd.DataFrame(rows, columns=["relation", "subject", "correct"])
 
 
-def subject_states(model: Model, world: World, subjects=None) -> dict[int, np.ndarray]:
-    subjects = list(subjects if subjects is not None else world.subjects)
-    sites = [f"blocks.{l}.hook_resid_post" for l in range(model.n_layers)]
-    acts = capture(model, [Prompt(s, s) for s in subjects], sites=sites, positions="subject_last", batch_size=256)
-    return {l: acts[s].float().numpy() for l, s in enumerate(sites)}
-
-
 def readability(model: Model, world: World, folds: int = 5, seed: int = 0, C: float = 1.0) -> pd.DataFrame:
-    """Per (relation, layer): cross-validated probe accuracy of the answer at the subject's last token."""
-    states = subject_states(model, world)
-    rows = []
-    for r in world.spec.relations:
-        y = np.array([world.answer(s, r.name) for s in world.subjects])
-        cv = StratifiedKFold(n_splits=min(folds, np.unique(y, return_counts=True)[1].min()), shuffle=True, random_state=seed)
-        for layer, X in states.items():
-            probe = LogisticRegression(C=C, max_iter=300)
-            acc = cross_val_score(probe, X, y, cv=cv).mean()
-            rows.append((r.name, layer, acc, 1.0 / len(np.unique(y))))
-    return pd.DataFrame(rows, columns=["relation", "layer", "accuracy", "chance"])
+    """Per (relation, layer): cross-validated probe accuracy of the answer at the subject's last
+    token (a :class:`probes.ProbeSweep`, mean over folds), with chance and selectivity."""
+    from probes import ProbeSweep
+
+    from ..relations import from_world
+
+    sweep = ProbeSweep(folds=folds, seeds=(seed,), C=C, batch_size=256)
+    table = sweep.run(model, from_world(world), model_name=model.name)
+    return table.groupby(["relation", "layer"], as_index=False)[["accuracy", "chance", "selectivity"]].mean()
 
 
 def knowledge_report(model: Model, world: World) -> pd.DataFrame:
@@ -72,6 +58,6 @@ def knowledge_report(model: Model, world: World) -> pd.DataFrame:
             "relation": r.name, "n_answers": r.n_answers, "templates": r.templates, "mentions": r.mentions,
             "augment": r.augment, "bio": r.bio, "recall": rec[r.name],
             "readability": best.loc[r.name, "accuracy"], "best_layer": int(best.loc[r.name, "layer"]),
-            "chance": best.loc[r.name, "chance"],
+            "chance": best.loc[r.name, "chance"], "selectivity": best.loc[r.name, "selectivity"],
         })
     return pd.DataFrame(rows)

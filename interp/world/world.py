@@ -106,6 +106,15 @@ class World:
         rows = [(self.query(s, relation), s, self.answer(s, relation)) for s in self.subjects]
         return pd.DataFrame(rows, columns=["prompt", "subject", "answer"])
 
+    def mentions(self, subject: str, relation: str) -> int:
+        """Exactly how many corpus documents state this fact (the subject-frequency covariate)."""
+        r = self.relation[relation]
+        f = self.frequency[subject]
+        if r.bio:
+            group = [x for x in self.spec.relations if x.bio and x.augment == r.augment]
+            return max(x.mentions for x in group) * f
+        return r.mentions * f
+
     @property
     def label_categories(self) -> dict[str, tuple[str, ...]]:
         return dict(LABELS)

@@ -1,0 +1,80 @@
+"""Statistics across relations: does readability predict generalization?
+
+- **Pearson r** (``scipy.stats.pearsonr``) with a bootstrap confidence interval over relations
+  (``scipy.stats.bootstrap``, paired resampling, BCa) and a permutation p-value
+  (``scipy.stats.permutation_test``, pairings shuffled);
+- **Spearman rho** (``scipy.stats.spearmanr``);
+- **partial correlation** controlling for covariates: both variables are residualized on the
+  covariates by OLS (``statsmodels``), the residuals are correlated, and the p-value uses a t
+  distribution with ``n - 2 - k`` degrees of freedom for ``k`` covariates.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+#: covariates the partial correlations control for, separately and jointly
+COVARIATES = ["n_finetune_subjects", "n_answers", "pretrained_accuracy", "subject_frequency"]
+
+
+def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: float = 0.95) -> dict:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = len(x)
+    if n < 3:
+        raise ValueError(f"a correlation across relations needs at least 3 relations, got {n}")
+    if np.std(x) == 0 or np.std(y) == 0:
+        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p_value": np.nan, "n": n}
+    r = stats.pearsonr(x, y).statistic
+    stat = lambda a, b: stats.pearsonr(a, b).statistic  # noqa: E731
+    rng = np.random.default_rng(seed)
+    try:
+        boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
+                               method="BCa", random_state=rng)
+        lo, hi = boot.confidence_interval
+    except Exception:  # BCa can fail on degenerate resamples; fall back to percentile
+        boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
+                               method="percentile", random_state=np.random.default_rng(seed))
+        lo, hi = boot.confidence_interval
+    perm = stats.permutation_test((x, y), stat, permutation_type="pairings", n_resamples=n_perm,
+                                  random_state=np.random.default_rng(seed + 1))
+    return {"r": float(r), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(perm.pvalue), "n": n}
+
+
+def spearman(x, y) -> dict:
+    res = stats.spearmanr(x, y)
+    return {"r": float(res.statistic), "p_value": float(res.pvalue), "n": len(x)}
+
+
+def partial(x, y, covariates: pd.DataFrame) -> dict:
+    """Correlation of x and y with the linear effect of ``covariates`` removed from both."""
+    import statsmodels.api as sm
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    Z = sm.add_constant(np.asarray(covariates, float), has_constant="add")
+    k = Z.shape[1] - 1
+    n = len(x)
+    if n - 2 - k < 1:
+        raise ValueError(f"too few relations ({n}) for a partial correlation with {k} covariates")
+    rx = sm.OLS(x, Z).fit().resid
+    ry = sm.OLS(y, Z).fit().resid
+    if np.std(rx) < 1e-12 or np.std(ry) < 1e-12:
+        return {"r": np.nan, "p_value": np.nan, "n": n, "df": n - 2 - k}
+    r = float(np.corrcoef(rx, ry)[0, 1])
+    df = n - 2 - k
+    t = r * np.sqrt(df / max(1e-300, 1 - r * r))
+    return {"r": r, "p_value": float(2 * stats.t.sf(abs(t), df)), "n": n, "df": df}
+
+
+def correlation_table(table: pd.DataFrame, predictor: str, outcome: str, covariates: list[str], n_boot: int, n_perm: int,
+                      seed: int = 0) -> list[dict]:
+    """Pearson (with CI and permutation p), Spearman, and partial correlations (each covariate
+    alone, then all jointly) of ``predictor`` with ``outcome`` across the rows of ``table``."""
+    x, y = table[predictor].to_numpy(float), table[outcome].to_numpy(float)
+    rows = [dict(analysis="pearson", **pearson(x, y, n_boot, n_perm, seed)), dict(analysis="spearman", **spearman(x, y))]
+    usable = [c for c in covariates if table[c].nunique() > 1]
+    for c in usable:
+        rows.append(dict(analysis=f"partial:{c}", **partial(x, y, table[[c]])))
+    if len(usable) > 1 and len(table) - 2 - len(usable) >= 1:
+        rows.append(dict(analysis="partial:all", **partial(x, y, table[usable])))
+    return [dict(predictor=predictor, outcome=outcome, **r) for r in rows]

@@ -1,0 +1,153 @@
+"""The generalization study: design, statistics, end to end, resume."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats as sps
+
+from interp.relations import Relation, RelationError
+from interp.study import FinetuneConfig, StudyConfig, make_design, relabel, run_study, split
+from interp.study.stats import partial, pearson, spearman
+
+
+def _relation(counts, name="r"):
+    subjects, answers = [], []
+    for a, n in counts.items():
+        for i in range(n):
+            subjects.append(f"{a}_s{i}")
+            answers.append(a)
+    return Relation(name, subjects, answers, "{} is")
+
+
+# design -------------------------------------------------------------------------------------------
+def test_split_never_leaks_and_covers_every_answer():
+    rel = _relation({"A": 10, "B": 7, "C": 4})
+    ft, ho, dropped = split(rel, n_finetune=3, seed=0)
+    assert not set(ft) & set(ho) and dropped == []
+    ft_answers = {rel.answers[i] for i in ft}
+    assert {rel.answers[i] for i in ho} <= ft_answers
+    assert all(sum(rel.answers[i] == a for i in ft) == 3 for a in "ABC")
+    assert split(rel, 3, seed=0) == (ft, ho, dropped) and split(rel, 3, seed=1) != (ft, ho, dropped)
+
+
+def test_relabelling_is_a_seeded_bijection():
+    labels = tuple(f"l{i}" for i in range(10))
+    m = relabel(["x", "y", "z", "x"], labels, seed=4)
+    assert sorted(m) == ["x", "y", "z"] and len(set(m.values())) == 3 and set(m.values()) <= set(labels)
+    assert relabel(["x", "y", "z"], labels, seed=4) == m
+    d = make_design(_relation({"A": 5, "B": 5}), labels, 2, 0, 0)
+    assert {d.inverse[d.mapping[a]] for a in "AB"} == {"A", "B"}
+
+
+def test_design_errors_and_documented_drops():
+    with pytest.raises(RelationError, match="fewer than 2 answers"):
+        make_design(_relation({"A": 9}), ("a", "b"), 2, 0, 0)
+    with pytest.raises(RelationError, match="has 2 labels but the relation has 3 answers"):
+        make_design(_relation({"A": 4, "B": 4, "C": 4}), ("a", "b"), 2, 0, 0)
+    d = make_design(_relation({"A": 4, "B": 4, "C": 2}), ("a", "b", "c"), 2, 0, 0)  # C cannot be split
+    assert d.dropped_answers == ["C"] and "C" not in d.mapping
+    with pytest.raises(RelationError, match="only 1 answer"):
+        make_design(_relation({"A": 4, "B": 2}), ("a", "b"), 2, 0, 0)
+
+
+# statistics ---------------------------------------------------------------------------------------
+def test_statistics_agree_with_scipy():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=30)
+    y = 0.6 * x + rng.normal(size=30)
+    p = pearson(x, y, n_boot=500, n_perm=999)
+    assert p["r"] == pytest.approx(sps.pearsonr(x, y).statistic)
+    assert p["ci_low"] < p["r"] < p["ci_high"] and p["p_value"] < 0.01
+    assert spearman(x, y)["r"] == pytest.approx(sps.spearmanr(x, y).statistic)
+
+
+def test_partial_correlation_removes_a_planted_confounder():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=200)
+    x, y = z + 0.3 * rng.normal(size=200), z + 0.3 * rng.normal(size=200)
+    assert sps.pearsonr(x, y).statistic > 0.8
+    res = partial(x, y, pd.DataFrame({"z": z}))
+    assert abs(res["r"]) < 0.15 and res["df"] == 197
+    # with no confounding the partial equals the plain correlation
+    w = rng.normal(size=200)
+    assert partial(x, z, pd.DataFrame({"w": w}))["r"] == pytest.approx(sps.pearsonr(x, z).statistic, abs=0.02)
+
+
+# scoring multi-token answers ---------------------------------------------------------------------
+def test_multi_token_candidates_are_scored_by_their_full_sequence(model_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from interp.scoring import candidate_logprobs
+
+    tok = AutoTokenizer.from_pretrained(model_dirs["gpt2"])
+    hf = AutoModelForCausalLM.from_pretrained(model_dirs["gpt2"]).eval()
+    prompts, cands = ["Mira lives in", "the capital of"], ["Paris France", "Tokyo", "Rome Italy it"]
+    got = candidate_logprobs(hf, tok, prompts, cands)
+    for i, p in enumerate(prompts):
+        for j, c in enumerate(cands):
+            ids = tok(p + " " + c)["input_ids"]
+            n = len(tok(p)["input_ids"])
+            with torch.no_grad():
+                logp = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1)
+            ref = sum(logp[t - 1, ids[t]].item() for t in range(n, len(ids)))
+            assert got[i, j].item() == pytest.approx(ref, abs=1e-4)
+
+
+# end to end ---------------------------------------------------------------------------------------
+SMALL = StudyConfig(n_finetune=3, methods=("full", "lora"), label_seeds=(0, 1), finetune_seeds=(0,), other_categories=("colours",),
+                    folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=40, check_every=10))
+RELATIONS = ["continent", "hand", "season", "diet"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    result = run_study("world", RELATIONS, out=out, config=SMALL, progress=False)
+    return out, result
+
+
+def test_small_study_outputs_are_consistent(finished):
+    out, result = finished
+    assert result.complete
+    rel, ft, preds = result.table("relations"), result.table("finetunes"), result.table("predictions")
+    stats, summary = result.table("stats"), result.summary
+    assert sorted(rel.relation) == sorted(RELATIONS) and summary["n_relations"] == 4
+    assert len(ft) == 4 * 4  # full, lora, label seed 1, colours
+    assert (ft.status == "done").all() and ft.job.is_unique
+    # the relation table's generalization is the mean of the main run's held-out predictions
+    main = preds[(preds.method == "full") & (preds.category == "animals") & (preds.label_seed == 0)]
+    for r in rel.itertuples():
+        assert r.generalization_full == pytest.approx(main[main.relation == r.relation].correct.mean())
+        assert 0 <= r.readability_best <= 1 and r.readability_best >= r.readability_fixed - 1e-12
+    head = stats[(stats.method == "full") & (stats.predictor == "readability_best") & (stats.outcome == "generalization")
+                 & (stats.analysis == "pearson")].iloc[0]
+    assert head.r == pytest.approx(sps.pearsonr(rel.readability_best, rel.generalization_full).statistic)
+    assert summary["headline"]["pearson"]["r"] == pytest.approx(head.r)
+    # error back-mapping: every wrong label maps back to a different original answer
+    wrong = preds[~preds.correct]
+    assert (wrong.backmapped_answer != wrong.answer).all()
+    assert summary["backmap"]["n_errors"] == int((~main.correct).sum()) + int(
+        (~preds[(preds.method == "lora") & (preds.label_seed == 0) & (preds.category == "animals")].correct).sum())
+    page = (out / "report.html").read_text()
+    assert "plotly" in page.lower() and "Pearson r" in page and "<script" in page
+    assert (out / "figures" / "scatter_full.html").exists()
+
+
+def test_same_seed_same_numbers_and_resume(finished, tmp_path):
+    out, _ = finished
+    partial_run = run_study("world", RELATIONS, out=tmp_path, config=SMALL, progress=False, max_jobs=5)
+    assert not partial_run.complete and len(list((tmp_path / "runs").glob("*.json"))) == 5
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").glob("*.json")}
+    resumed = run_study("world", RELATIONS, out=tmp_path, config=SMALL, progress=False)
+    assert resumed.complete
+    assert all((tmp_path / "runs" / n).stat().st_mtime_ns == t for n, t in before.items())  # not redone
+    for name in ("relations", "finetunes", "stats", "predictions"):
+        pd.testing.assert_frame_equal(resumed.table(name), pd.read_csv(out / f"{name}.csv"))
+
+
+def test_a_different_study_in_the_same_folder_is_refused(finished):
+    out, _ = finished
+    with pytest.raises(ValueError, match="different model, relations or configuration"):
+        run_study("world", RELATIONS[:3], out=out, config=SMALL, progress=False)
