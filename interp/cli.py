@@ -94,7 +94,7 @@ def study_figures(out: Path = typer.Argument(..., help="a finished study's resul
 @study_app.command("causal")
 def study_causal(
     out: Path = typer.Option(Path("results/causal"), help="results folder (resumed if it exists)"),
-    steps: int = typer.Option(4800, help="pretraining steps for each world"),
+    steps: int = typer.Option(6000, help="pretraining steps for each world"),
     relations: Optional[list[str]] = typer.Option(None, help="relations to manipulate (default: the augmented ones)"),
 ):
     """Two worlds, augmented vs plain writing of some relations: compare readability and generalization."""
@@ -109,7 +109,7 @@ def study_causal(
 @world_app.command("train")
 def world_train(
     out: Path = typer.Option(..., help="output checkpoint directory"),
-    steps: int = typer.Option(4800, help="optimizer steps"),
+    steps: int = typer.Option(6000, help="optimizer steps"),
     seed: int = typer.Option(0, help="seed of the world and of training"),
     subjects: int = typer.Option(1000, help="number of subjects"),
 ):

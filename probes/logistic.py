@@ -21,6 +21,13 @@ weights are ``W / sigma`` and ``b - (mu / sigma) W``), so the batch still shares
 makes the problems well conditioned: hidden states have large, uneven scales, on which L-BFGS
 (scikit-learn's or ours) needs thousands of iterations.
 
+**Preconditioning**: the two-loop recursion starts from ``H0 = gamma * (a R + lam I)^-1``, with
+``R`` the (standardized) second-moment matrix of a problem's training features and
+``a = (1 - 1/c) / c`` the softmax curvature at uniform predictions, so ``H0`` is the exact
+inverse Hessian's diagonal block at the starting point. Hidden states are strongly correlated,
+and this removes most of the ill-conditioning they cause: L-BFGS needs several times fewer
+iterations. It changes the path, not the optimum.
+
 Problems that have converged drop out of the computation (whole groups at a time), so a few slow
 problems do not keep the whole batch busy.
 
@@ -63,6 +70,7 @@ def fit_logistic(
     history: int = 10,
     dtype: torch.dtype = torch.float32,
     standardize: bool = False,
+    precondition: bool = True,
 ) -> LogisticFit:
     """Fit ``G * K`` L2 multinomial logistic regressions at once (see module docstring).
 
@@ -70,7 +78,8 @@ def fit_logistic(
     are ignored (``-1`` marks padding). ``y``, ``train`` and ``n_classes`` may omit the group
     axis when every group has the same tasks. Runs on ``X``'s device. ``tol``: stop a problem
     when the largest absolute gradient entry of its (mean-scaled) objective is below ``tol``.
-    Returned coefficients act on the raw (unstandardized) features.
+    Returned coefficients act on the raw (unstandardized) features. ``precondition``: use the
+    curvature preconditioner (changes the path, not the optimum).
     """
     if X.dim() == 2:
         X = X[None]
@@ -99,15 +108,16 @@ def fit_logistic(
     W = {}  # the working set: every per-group tensor, sliced together when groups finish
     W["lam"] = 1.0 / (C_eff * n_train)  # [G, K]
     W["Xa"] = torch.cat([X, torch.ones(G, n, 1, dtype=dtype, device=device)], -1)  # [G, n, d + 1]
-    W["pad"] = torch.arange(c, device=device) >= n_classes[..., None]  # [G, K, c] padded classes
-    W["weight"] = train.to(dtype) / n_train[..., None]  # [G, K, n]
-    W["train"] = train
-    y_safe = torch.where(train, y, torch.zeros_like(y)).clamp(min=0)
-    W["onehot"] = torch.nn.functional.one_hot(y_safe, c).to(dtype) * train[..., None]  # [G, K, n, c]
+    pad = torch.arange(c, device=device) >= n_classes[..., None]  # [G, K, c] padded classes
+    W["bias"] = torch.zeros(G, K, 1, c, dtype=dtype, device=device).masked_fill(pad[:, :, None, :], -1e4)
+    W["weight"] = train.to(dtype) / n_train[..., None]  # [G, K, n], zero outside the training rows
+    W["y"] = torch.where(train, y, torch.zeros_like(y)).clamp(min=0)[..., None]  # [G, K, n, 1]
     if standardize:
         W["scale"], W["shift"] = _scaling(W["weight"], X)
     reg_mask = torch.ones(d + 1, 1, dtype=dtype, device=device)
     reg_mask[-1] = 0.0  # no penalty on the intercept
+    if precondition:
+        W["chol"] = _preconditioner(W, n_classes, standardize, d)
 
     def effective(theta):  # standardized-space parameters -> raw-space parameters
         if not standardize:
@@ -122,22 +132,28 @@ def fit_logistic(
         gw = g_eff[..., :d, :] * W["scale"][..., None] - W["shift"][..., None] * g_eff[..., d:, :]
         return torch.cat([gw, g_eff[..., d:, :]], -2)
 
-    def logp_of(theta):
-        z = torch.einsum("gnd,gkdc->gknc", W["Xa"], effective(theta))
-        return torch.log_softmax(z.masked_fill(W["pad"][:, :, None, :], float("-inf")), -1)
+    def logp_of(theta):  # padded classes get a -1e4 logit: probability exactly 0 in float32/64
+        z = torch.einsum("gnd,gkdc->gknc", W["Xa"], effective(theta)) + W["bias"]
+        return torch.log_softmax(z, -1)
 
     def objective(theta, logp):
         penalty = 0.5 * W["lam"] * ((theta * reg_mask) ** 2).sum((-1, -2))
-        return -((logp.nan_to_num(neginf=0.0) * W["onehot"]).sum(-1) * W["weight"]).sum(-1) + penalty
+        return -(logp.gather(-1, W["y"])[..., 0] * W["weight"]).sum(-1) + penalty
 
     def value(theta):  # -> f [G, K]
         return objective(theta, logp_of(theta))
 
     def value_and_grad(theta):
         logp = logp_of(theta)
-        dz = (logp.exp() * W["train"][..., None] - W["onehot"]) * W["weight"][..., None]
+        f = objective(theta, logp)
+        dz = logp.exp_()
+        dz.scatter_add_(-1, W["y"], torch.full_like(W["y"], -1, dtype=dz.dtype))  # softmax - onehot
+        dz *= W["weight"][..., None]
         g = pullback(torch.einsum("gnd,gknc->gkdc", W["Xa"], dz)) + W["lam"][..., None, None] * theta * reg_mask
-        return objective(theta, logp), g
+        return f, g
+
+    def precond(v):  # approximate inverse Hessian (see _preconditioner), or the identity
+        return torch.cholesky_solve(v, W["chol"]) if precondition else v
 
     def dot(a, b):
         return (a * b).sum((-1, -2))
@@ -179,12 +195,13 @@ def fit_logistic(
             a = r_j * dot(s_j, q)
             q -= a[..., None, None] * y_j
             alphas.append(a)
+        r = precond(q)
         if S:
-            yy = dot(Yh[-1], Yh[-1])
-            gamma = torch.where(rho[-1] > 0, 1.0 / (rho[-1] * yy).clamp(min=1e-30), torch.ones_like(yy))
+            yPy = dot(Yh[-1], precond(Yh[-1]))
+            gamma = torch.where(rho[-1] > 0, 1.0 / (rho[-1] * yPy).clamp(min=1e-30), torch.ones_like(yPy))
         else:
-            gamma = 1.0 / g.abs().sum((-1, -2)).clamp(min=1.0)
-        r = gamma[..., None, None] * q
+            gamma = torch.ones_like(f) if precondition else 1.0 / g.abs().sum((-1, -2)).clamp(min=1.0)
+        r = gamma[..., None, None] * r
         for (s_j, y_j, r_j), a in zip(zip(S, Yh, rho), reversed(alphas)):
             b = r_j * dot(y_j, r)
             r += s_j * (a - b)[..., None, None]
@@ -222,7 +239,7 @@ def fit_logistic(
     # back to the full set of groups, in raw-feature coordinates
     if standardize:
         W["scale"], W["shift"] = _scaling(train.to(dtype) / n_train[..., None], X)
-    theta = effective(out_theta).masked_fill((torch.arange(c, device=device) >= n_classes[..., None])[:, :, None, :], 0.0)
+    theta = effective(out_theta).masked_fill(pad[:, :, None, :], 0.0)
     return LogisticFit(theta[:, :, :-1, :], theta[:, :, -1, :], out_iter, out_grad <= tol)
 
 
@@ -235,3 +252,22 @@ def _scaling(weight: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
     sd = var.sqrt()
     sd = torch.where(sd <= 1e-7 * mu.abs().clamp(min=1.0), torch.ones_like(sd), sd)
     return (1 / sd).to(X.dtype), (mu / sd).to(X.dtype)
+
+
+def _preconditioner(W: dict, n_classes: Tensor, standardize: bool, d: int) -> Tensor:
+    """Cholesky factors ``[G, K, d + 1, d + 1]`` of ``a R + lam I`` (see module docstring)."""
+    Xa, w = W["Xa"], W["weight"]
+    R = torch.einsum("gkn,gnd,gne->gkde", w, Xa, Xa)  # raw second moments of the training rows
+    if standardize:  # R in standardized coordinates: A R A^T with x~ = x * scale - shift, 1
+        A = torch.zeros(*R.shape, dtype=R.dtype, device=R.device)
+        idx = torch.arange(d, device=R.device)
+        A[..., idx, idx] = W["scale"]
+        A[..., :d, d] = -W["shift"]
+        A[..., d, d] = 1.0
+        R = A @ R @ A.transpose(-1, -2)
+    c = n_classes.to(R.dtype)
+    a = (1 - 1 / c) / c
+    reg = torch.ones(d + 1, dtype=R.dtype, device=R.device)
+    reg[d] = 0.0
+    M = a[..., None, None] * R + torch.diag_embed(W["lam"][..., None] * reg + 1e-8)
+    return torch.linalg.cholesky(M)

@@ -206,14 +206,22 @@ class ProbeSweep:
                 groups.append((p, s, x))
         K = len(self.seeds) * self.folds * (2 if self.control else 1)
         rows, readout = [], []
-        # chunk groups so the logits tensor stays under max_elements
-        n_max = max(len(p.keep) for p in prepared)
-        c_max = max(len(p.classes) for p in prepared)
-        per_group = K * n_max * c_max
-        chunk = max(1, self.max_elements // max(per_group, 1))
+        # chunks of groups with similar class counts (at most ~30% padded classes), each under
+        # max_elements logits
+        groups.sort(key=lambda t: len(t[0].classes))
+        chunks, part = [], []
+        for item in groups:
+            trial = part + [item]
+            c_max = max(len(p.classes) for p, _, _ in trial)
+            size = len(trial) * K * max(len(p.keep) for p, _, _ in trial) * c_max
+            padded = len(trial) * c_max > 1.3 * sum(len(p.classes) for p, _, _ in trial)
+            if part and (size > self.max_elements or padded):
+                chunks.append(part)
+                trial = [item]
+            part = trial
+        chunks.append(part)
         bar = tqdm(total=len(groups), desc="probes", unit="site", disable=self._quiet(len(groups) > 1 and 2))
-        for start in range(0, len(groups), chunk):
-            part = groups[start : start + chunk]
+        for part in chunks:
             d = part[0][2].shape[-1]
             if any(x.shape[-1] != d for _, _, x in part):
                 raise ValueError("all sites in a sweep chunk must have the same width; sweep sites of different widths separately")

@@ -44,7 +44,7 @@ def relation_table(study, readability, pretrained, runs, best) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _with_outcome(rel: pd.DataFrame, gen: dict, method_key: str) -> pd.DataFrame:
+def _with_outcome(rel: pd.DataFrame, gen: dict) -> pd.DataFrame:
     t = rel.copy()
     t["generalization"] = t.relation.map(lambda r: gen[r]["generalization"])
     t["generalization_cc"] = t.relation.map(lambda r: gen[r]["generalization_cc"])
@@ -66,7 +66,7 @@ def summarize(study, readability, readout, pretrained, results, best) -> None:
     stats_rows = []
     for m in c.methods:
         gen = {name: runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])] for name in study.relations}
-        t = _with_outcome(rel, gen, m)
+        t = _with_outcome(rel, gen)
         if len(t) >= 3:
             for x, y in PAIRS:
                 stats_rows += [dict(method=m, **row) for row in correlation_table(t, x, y, COVARIATES, c.n_boot, c.n_perm)]
@@ -92,7 +92,7 @@ def summarize(study, readability, readout, pretrained, results, best) -> None:
 
     # error back-mapping, over the main runs of every method
     main = preds[(preds.category == c.category) & (preds.label_seed == c.label_seeds[0]) & (preds.finetune_seed == c.finetune_seeds[0])]
-    errors = main[~main.correct.astype(bool)]
+    errors = main[~main.correct.astype(bool)].astype({"in_probe_topk": float, "in_model_topk": float})
     backmap_rel = errors.groupby(["method", "relation"]).agg(
         n_errors=("subject", "size"), probe_topk_rate=("in_probe_topk", "mean"), model_topk_rate=("in_model_topk", "mean")
     ).reset_index()
@@ -103,8 +103,8 @@ def summarize(study, readability, readout, pretrained, results, best) -> None:
         "model": study.model.name, "n_relations": len(study.relations), "methods": list(c.methods),
         "headline": {"method": m0, "predictor": "readability_best", "outcome": "generalization", **head},
         "robustness": {"r_min": float(rob.r.min()), "r_max": float(rob.r.max()), "r_std": float(rob.r.std()), "n_settings": int(rob.r.notna().sum())},
-        "backmap": {"n_errors": int(len(errors)), "probe_topk_rate": float(errors.in_probe_topk.astype(float).mean()) if len(errors) else float("nan"),
-                    "model_topk_rate": float(errors.in_model_topk.astype(float).mean()) if len(errors) else float("nan")},
+        "backmap": {"n_errors": int(len(errors)), "probe_topk_rate": float(errors.in_probe_topk.mean()) if len(errors) else float("nan"),
+                    "model_topk_rate": float(errors.in_model_topk.mean()) if len(errors) else float("nan")},
         "train_accuracy": {m: float(rel[f"train_accuracy_{m}"].mean()) for m in c.methods},
         "generalization": {m: float(rel[f"generalization_{m}"].mean()) for m in c.methods},
         "mean_readability_best": float(rel.readability_best.mean()),

@@ -59,11 +59,11 @@ class RelationSpec:
 
 #: Paraphrase patterns; ``{noun}`` is the relation's noun. Pattern 0 is the canonical query.
 TEMPLATE_PATTERNS = (
-    "'s {noun} is",
-    "has the {noun}",
-    "lists as {noun}",
-    "is tied to the {noun}",
-    "reports the {noun}",
+    "{noun} :",
+    "'s {noun}",
+    "has {noun}",
+    "with {noun}",
+    "{noun} is",
 )
 
 
@@ -73,7 +73,7 @@ class WorldSpec:
     n_subjects: int = 1000
     relations: tuple[RelationSpec, ...] = ()
     subject_frequencies: tuple[int, ...] = (1, 1, 2)  # each subject's multiplier, drawn uniformly
-    label_sentences: int = 6  # unrelated sentences per label word
+    label_sentences: int = 4  # unrelated sentences per label word
 
     def validate(self) -> "WorldSpec":
         if not self.relations:

@@ -36,17 +36,13 @@ class World:
         spec.validate()
         rng = random.Random(spec.seed)
         used = {w.capitalize() for words in LABELS.values() for w in words}
+        # a first name from a small pool, sometimes a middle name, and a family name of one's own:
+        # multi-token names whose last token identifies the subject, as for most real entities
         firsts = invented_words(rng, 60, used, (1, 2))
-        lasts = invented_words(rng, 60, used, (2, 2))
         middles = invented_words(rng, 12, used, (1, 1))
-        names: set[str] = set()
-        subjects: list[str] = []
-        while len(subjects) < spec.n_subjects:
-            parts = [rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [rng.choice(lasts)]
-            name = " ".join(parts)
-            if name not in names:
-                names.add(name)
-                subjects.append(name)
+        lasts = invented_words(rng, spec.n_subjects, used, (2, 3))
+        subjects = [" ".join([rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [last])
+                    for last in lasts]
         frequency = {s: rng.choice(spec.subject_frequencies) for s in subjects}
 
         answers: dict[str, list[str]] = {}
