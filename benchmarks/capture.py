@@ -2,8 +2,8 @@
 
 Compares interp.capture (both backends) against the physical floor (a bare HuggingFace forward
 pass over the same batches), TransformerLens' run_with_cache and a plain nnsight trace saving
-the same sites. Each method runs in its own process; peak memory is the growth of the process's
-peak RSS over its level after loading the model.
+the same sites. Each method runs in its own process (a warm-up, then the median of the timed repeats); peak
+memory is the largest growth of resident memory during a timed repeat, sampled every 2 ms.
 
     python benchmarks/capture.py [--prompts 2048] [--batch-size 64] [--repeats 3]
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -49,11 +48,33 @@ def prompts(n: int) -> list[str]:
     return [" ".join(f"w{rng.randrange(2000)}" for _ in range(rng.randint(10, 20))) for _ in range(n)]
 
 
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+class PeakRSS:
+    """Samples this process's resident memory every 2 ms; ``extra_mb``: peak minus the start."""
+
+    def __enter__(self):
+        import threading
+
+        import psutil
+
+        self.proc = psutil.Process()
+        self.start = self.peak = self.proc.memory_info().rss
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def _watch(self):
+        while not self.done.wait(0.002):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+        self.extra_mb = (self.peak - self.start) / 2**20
 
 
 def run_one(method: str, path: Path, n: int, batch_size: int, repeats: int) -> dict:
+    import numpy as np
     import torch
 
     import interp
@@ -93,28 +114,31 @@ def run_one(method: str, path: Path, n: int, batch_size: int, repeats: int) -> d
         with torch.no_grad():
             for b, li in zip(batches, last):
                 rows = torch.arange(len(li))
+                saved = []
                 with nm.trace(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids):
-                    saved = [nm.transformer.h[l].output[rows, li].save() for l in layers]
+                    for l in layers:
+                        saved.append(nm.transformer.h[l].output[rows, li].save())
                 out.append(torch.stack(saved, 1))
         return torch.cat(out)
 
     fn = {"bare_forward": bare, "interp_nnsight": ours, "interp_transformer_lens": ours,
           "tl_run_with_cache": run_with_cache, "nnsight_trace": nnsight_trace}[method]
     fn()  # warm-up
-    base = peak_mb()
-    times = []
+    times, peaks = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return {"method": method, "seconds": min(times), "peak_extra_mb": peak_mb() - base}
+        with PeakRSS() as mem:
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        peaks.append(mem.extra_mb)
+    return {"method": method, "seconds": float(np.median(times)), "peak_extra_mb": max(peaks)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/interp-bench"))
     ap.add_argument("--method", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -8,7 +8,7 @@ import torch
 from scipy import stats as sps
 
 from interp.relations import Relation, RelationError
-from interp.study import FinetuneConfig, StudyConfig, make_design, relabel, run_study, split
+from interp.study import make_design, relabel, run_study, split
 from interp.study.stats import partial, pearson, spearman
 
 
@@ -56,20 +56,26 @@ def test_design_errors_and_documented_drops():
 def test_statistics_agree_with_scipy():
     rng = np.random.default_rng(0)
     x = rng.normal(size=30)
-    y = 0.6 * x + rng.normal(size=30)
+    y = x + 0.8 * rng.normal(size=30)
     p = pearson(x, y, n_boot=500, n_perm=999)
     assert p["r"] == pytest.approx(sps.pearsonr(x, y).statistic)
     assert p["ci_low"] < p["r"] < p["ci_high"] and p["p_value"] < 0.01
+    z = rng.normal(size=30)
+    q = pearson(x, z, n_boot=200, n_perm=4999)
+    assert q["p_value"] == pytest.approx(sps.pearsonr(x, z).pvalue, abs=0.05)
     assert spearman(x, y)["r"] == pytest.approx(sps.spearmanr(x, y).statistic)
 
 
 def test_partial_correlation_removes_a_planted_confounder():
     rng = np.random.default_rng(1)
     z = rng.normal(size=200)
-    x, y = z + 0.3 * rng.normal(size=200), z + 0.3 * rng.normal(size=200)
+    e1, e2 = rng.normal(size=200), rng.normal(size=200)
+    x, y = z + 0.3 * e1, z + 0.3 * e2
     assert sps.pearsonr(x, y).statistic > 0.8
     res = partial(x, y, pd.DataFrame({"z": z}))
-    assert abs(res["r"]) < 0.15 and res["df"] == 197
+    # what is left is the correlation of the independent noises, whatever it happens to be
+    assert res["r"] == pytest.approx(sps.pearsonr(e1, e2).statistic, abs=0.02) and res["df"] == 197
+    assert abs(res["r"]) < 0.3
     # with no confounding the partial equals the plain correlation
     w = rng.normal(size=200)
     assert partial(x, z, pd.DataFrame({"w": w}))["r"] == pytest.approx(sps.pearsonr(x, z).statistic, abs=0.02)
@@ -96,16 +102,13 @@ def test_multi_token_candidates_are_scored_by_their_full_sequence(model_dirs):
 
 
 # end to end ---------------------------------------------------------------------------------------
-SMALL = StudyConfig(n_finetune=3, methods=("full", "lora"), label_seeds=(0, 1), finetune_seeds=(0,), other_categories=("colours",),
-                    folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=40, check_every=10))
-RELATIONS = ["continent", "hand", "season", "diet"]
+from conftest import SMALL_STUDY as SMALL
+from conftest import STUDY_RELATIONS as RELATIONS
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    out = tmp_path_factory.mktemp("study")
-    result = run_study("world", RELATIONS, out=out, config=SMALL, progress=False)
-    return out, result
+@pytest.fixture
+def finished(finished_study):
+    return finished_study
 
 
 def test_small_study_outputs_are_consistent(finished):
@@ -151,3 +154,28 @@ def test_a_different_study_in_the_same_folder_is_refused(finished):
     out, _ = finished
     with pytest.raises(ValueError, match="different model, relations or configuration"):
         run_study("world", RELATIONS[:3], out=out, config=SMALL, progress=False)
+
+
+def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
+    from interp.study.causal import causal_test, without_augmentation
+    from interp.world import RelationSpec, TrainConfig, WorldSpec
+
+    spec = WorldSpec(seed=5, n_subjects=60, label_sentences=1, relations=(
+        RelationSpec("city", "city", 4, templates=3, mentions=2, augment=True, bio=True),
+        RelationSpec("sport", "sport", 3, templates=3, mentions=2, augment=True, bio=True),
+        RelationSpec("month", "month", 4),
+        RelationSpec("season", "season", 3),
+    ))
+    plain = without_augmentation(spec, ["city", "sport"])
+    assert [r.augment for r in plain.relations] == [False] * 4 and plain.relations[2:] == spec.relations[2:]
+    from interp.world import World
+
+    assert World.generate(plain).facts.equals(World.generate(spec).facts)  # same facts, different writing
+    cfg = SMALL.__class__(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
+                          folds=3, n_boot=50, n_perm=50, finetune=SMALL.finetune)
+    df = causal_test(tmp_path, ["city", "sport"], spec=spec, train=TrainConfig(steps=10, n_layers=1, d_model=32, batch_size=8),
+                     config=cfg, progress=False)
+    assert len(df) == 4 and df.manipulated.sum() == 2
+    summary = json.loads((tmp_path / "causal.json").read_text())
+    assert set(summary["mean_delta"]) == {"manipulated", "untouched"} and "difference_in_differences" in summary
+    assert (tmp_path / "study_plain" / "report.html").exists() and (tmp_path / "study_augmented" / "report.html").exists()

@@ -131,8 +131,8 @@ def test_shipped_world_model_captures_through_both_backends():
     sites = ["blocks.0.hook_resid_post", "blocks.3.attn.hook_z"]
     a = interp.capture(interp.load_model("world", backend="transformer_lens"), prompts, sites=sites, positions="subject_last")
     b = interp.capture(interp.load_model("world", backend="nnsight"), prompts, sites=sites, positions="subject_last")
-    for s in sites:
-        torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=0)
+    for s in sites:  # activations reach ~200 here: agreement to 1e-5 relative
+        torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=1e-5)
 
 
 #: measured mean recall of the shipped checkpoint (README) minus a margin for the 10% sample

@@ -6,6 +6,10 @@ only, with cross-entropy on the label's tokens (the prompt is not a target). The
 template, ``"{} is associated with the word"``, never names the original relation. Training
 stops once every fine-tuning subject's top label (among the relation's labels) is right, checked
 every ``check_every`` steps, or at ``max_steps``; the train accuracy reached is reported.
+
+The seed sets LoRA's initialization and the order of minibatches (``batch_size`` examples drawn
+without replacement). A fine-tuning set that fits in one batch is trained full-batch, so full
+fine-tuning is then deterministic and every seed gives the same model.
 """
 from __future__ import annotations
 
@@ -23,10 +27,10 @@ from ..tokens import Encoded, pad
 class FinetuneConfig:
     template: str = "{} is associated with the word"
     lr: float = 1e-3
-    lora_lr: float = 1e-2
+    lora_lr: float = 3e-3
     max_steps: int = 300
     check_every: int = 10
-    batch_size: int = 256
+    batch_size: int = 32
     lora_r: int = 8
     lora_alpha: int = 16
     weight_decay: float = 0.0

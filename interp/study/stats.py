@@ -6,9 +6,13 @@
 - **Spearman rho** (``scipy.stats.spearmanr``);
 - **partial correlation** controlling for covariates: both variables are residualized on the
   covariates by OLS (``statsmodels``), the residuals are correlated, and the p-value uses a t
-  distribution with ``n - 2 - k`` degrees of freedom for ``k`` covariates.
+  distribution with ``n - 2 - k`` degrees of freedom for ``k`` linearly independent covariates
+  (collinear covariates, such as the number of fine-tuning subjects when it is ``n_finetune``
+  times the number of answers, are absorbed by the pseudo-inverse and counted once).
 """
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -52,12 +56,14 @@ def partial(x, y, covariates: pd.DataFrame) -> dict:
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     Z = sm.add_constant(np.asarray(covariates, float), has_constant="add")
-    k = Z.shape[1] - 1
+    k = int(np.linalg.matrix_rank(Z)) - 1  # collinear covariates (e.g. n_finetune_subjects = n_finetune x n_answers) count once
     n = len(x)
     if n - 2 - k < 1:
         raise ValueError(f"too few relations ({n}) for a partial correlation with {k} covariates")
-    rx = sm.OLS(x, Z).fit().resid
-    ry = sm.OLS(y, Z).fit().resid
+    with warnings.catch_warnings():  # rank deficiency is expected and handled (see docstring)
+        warnings.simplefilter("ignore")
+        rx = sm.OLS(x, Z).fit(method="pinv").resid  # the pseudo-inverse handles collinear covariates
+        ry = sm.OLS(y, Z).fit(method="pinv").resid
     if np.std(rx) < 1e-12 or np.std(ry) < 1e-12:
         return {"r": np.nan, "p_value": np.nan, "n": n, "df": n - 2 - k}
     r = float(np.corrcoef(rx, ry)[0, 1])
