@@ -144,6 +144,13 @@ class ActivationStore:
         for i in range(self.n_shards):
             yield self.shard(i, sites)
 
+    def keys(self) -> list[str]:
+        """The sites this store holds (so a store can stand where a ``{site: tensor}`` mapping is expected)."""
+        return self.sites
+
+    def __contains__(self, site: object) -> bool:
+        return site in self.sites
+
     def __getitem__(self, site: str) -> torch.Tensor:
         """All rows of one site, concatenated in prompt order."""
         if site not in self.sites and site != "__mask__":

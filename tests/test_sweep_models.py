@@ -40,3 +40,15 @@ def test_minilm_sweep_over_layers_on_lre_relations(minilm_dir):
     assert fig.data[0].z.shape == (2, 6)
     fig = plots.accuracy_by_layer(df)
     assert len(fig.data) == 4
+
+
+def test_sweep_from_an_activation_store_equals_sweep_from_the_model(tmp_path, world_relations):
+    model = interp.load_model("world", backend="nnsight")
+    rel = world_relations[1]  # continent
+    sites = [model.resid_site(l) for l in range(model.n_layers)]
+    store = interp.capture(model, rel.prompts(), sites=sites, positions="subject_last", batch_size=64,  # as the sweep does
+                           store=tmp_path / "s", shard_size=320)
+    from_store = ProbeSweep(folds=3).run({rel.name: interp.ActivationStore(tmp_path / "s")}, [rel], model_name="world")
+    from_model = ProbeSweep(folds=3).run(model, [rel])
+    assert store.complete
+    assert (from_store.accuracy.values == from_model.accuracy.values).all()
