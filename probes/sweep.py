@@ -152,7 +152,10 @@ class ProbeSweep:
 
     # ------------------------------------------------------------------------------------------
     def _quiet(self, n):
-        return (n <= 1) if self.progress is None else not self.progress
+        """tqdm's ``disable``: a bar for more than one item, on a terminal, unless told otherwise."""
+        if self.progress is None:
+            return True if n <= 1 else None
+        return not self.progress
 
     def _prepare(self, relation: Relation) -> _Prepared:
         answers = np.asarray(relation.answers, dtype=object)
@@ -220,7 +223,7 @@ class ProbeSweep:
                 trial = [item]
             part = trial
         chunks.append(part)
-        bar = tqdm(total=len(groups), desc="probes", unit="site", disable=self._quiet(len(groups) > 1 and 2))
+        bar = tqdm(total=len(groups), desc="probes", unit="site", disable=self._quiet(len(groups)))
         for part in chunks:
             d = part[0][2].shape[-1]
             if any(x.shape[-1] != d for _, _, x in part):
