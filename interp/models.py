@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -28,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from .backends import BACKENDS, Backend, HookFn, backend_class
-from .prompts import Prompt, as_prompts
+from .prompts import as_prompts
 from .sites import validate_sites
 from .tokens import Batch, Encoded, encode, pad
 

@@ -1,7 +1,6 @@
 """Plots of probe sweeps, built from the sweep DataFrame alone (so they can be redrawn from a CSV)."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 

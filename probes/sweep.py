@@ -25,7 +25,7 @@ the probe's ranked answers from the fold in which that subject was held out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd

@@ -13,7 +13,7 @@ WORDS = (
 
 
 def word_tokenizer():
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<bos>", "<eos>"] + WORDS)}

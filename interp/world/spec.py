@@ -18,7 +18,7 @@ subject):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
 KNOBS = ("templates", "mentions", "augment", "bio")
