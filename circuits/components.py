@@ -1,0 +1,147 @@
+"""Components of a transformer that circuits are made of, and how to name them.
+
+A *node* is something that writes into the residual stream: the token embeddings (``embed``),
+an attention head (``L{layer}H{head}``, its output ``z`` times ``W_O``) or an MLP
+(``MLP{layer}``). A *receiver* is where a node's write is read: a head's query, key or value
+input (``L1H3.q``, ``L1H3.k``, ``L1H3.v``), an MLP's input (``MLP2``) or the final residual
+stream that the unembedding reads (``logits``). An edge is a (node, receiver) pair with the
+node strictly before the receiver.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+
+class UnknownComponentError(ValueError):
+    """A component name that the model does not have."""
+
+
+@dataclass(frozen=True)
+class Node:
+    kind: str  # "embed" | "head" | "mlp"
+    layer: int = -1  # -1 for the embeddings
+    head: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        if self.kind == "embed":
+            return "embed"
+        if self.kind == "head":
+            return f"L{self.layer}H{self.head}"
+        return f"MLP{self.layer}"
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Where the node writes: (layer, 0 for attention / 1 for MLP); embeddings first."""
+        return (self.layer, 1 if self.kind == "mlp" else 0)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Receiver:
+    kind: str  # "head" | "mlp" | "logits"
+    layer: int
+    head: Optional[int] = None
+    input: str = "resid"  # "q" | "k" | "v" for heads; "resid" otherwise
+
+    @property
+    def name(self) -> str:
+        if self.kind == "head":
+            return f"L{self.layer}H{self.head}.{self.input}"
+        if self.kind == "mlp":
+            return f"MLP{self.layer}"
+        return "logits"
+
+    @property
+    def order(self) -> tuple[int, int]:
+        return (self.layer, 1 if self.kind == "mlp" else 0)
+
+    def reads(self, node: Node) -> bool:
+        """True when ``node`` writes before this receiver reads (an edge can exist)."""
+        return node.order < self.order
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_HEAD = re.compile(r"^L(\d+)H(\d+)$")
+_HEAD_IN = re.compile(r"^L(\d+)H(\d+)\.([qkv])$")
+_MLP = re.compile(r"^MLP(\d+)$")
+
+
+def all_nodes(model, mlps: bool = True, embed: bool = True) -> list[Node]:
+    has_mlp = any(s.endswith("hook_mlp_out") for s in model.sites)
+    out = [Node("embed")] if embed else []
+    for layer in range(model.n_layers):
+        out += [Node("head", layer, h) for h in range(model.n_heads)]
+        if mlps and has_mlp:
+            out.append(Node("mlp", layer))
+    return out
+
+
+def all_receivers(model, inputs: str = "qkv", mlps: bool = True, logits: bool = True) -> list[Receiver]:
+    has_mlp = any(s.endswith("hook_mlp_out") for s in model.sites)
+    out = []
+    for layer in range(model.n_layers):
+        out += [Receiver("head", layer, h, c) for h in range(model.n_heads) for c in inputs]
+        if mlps and has_mlp:
+            out.append(Receiver("mlp", layer))
+    if logits:
+        out.append(Receiver("logits", model.n_layers))
+    return out
+
+
+def _unknown(text: str, valid: list[str], what: str) -> UnknownComponentError:
+    near = difflib.get_close_matches(str(text), valid, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(map(repr, near))}?" if near else ""
+    return UnknownComponentError(
+        f"unknown {what} {text!r}{hint} Valid names look like {', '.join(valid[:3])}, ... {valid[-1]} "
+        f"({len(valid)} in this model)."
+    )
+
+
+def parse_node(model, spec) -> Node:
+    """A :class:`Node` from ``"embed"``, ``"L1H3"``, ``"MLP2"`` or a Node (checked against the model)."""
+    nodes = all_nodes(model)
+    if isinstance(spec, Node):
+        if spec not in nodes:
+            raise _unknown(spec.name, [n.name for n in nodes], "node")
+        return spec
+    by_name = {n.name: n for n in nodes}
+    if str(spec) in by_name:
+        return by_name[str(spec)]
+    raise _unknown(spec, list(by_name), "node")
+
+
+def parse_receiver(model, spec) -> Receiver:
+    """A :class:`Receiver` from ``"L1H3.k"``, ``"MLP2"``, ``"logits"`` or a Receiver."""
+    recs = all_receivers(model)
+    if isinstance(spec, Receiver):
+        if spec not in recs:
+            raise _unknown(spec.name, [r.name for r in recs], "receiver")
+        return spec
+    by_name = {r.name: r for r in recs}
+    if str(spec) in by_name:
+        return by_name[str(spec)]
+    raise _unknown(spec, list(by_name), "receiver")
+
+
+def parse_nodes(model, specs: Optional[Iterable]) -> list[Node]:
+    if specs is None:
+        return all_nodes(model)
+    if isinstance(specs, (str, Node)):
+        specs = [specs]
+    return [parse_node(model, s) for s in specs]
+
+
+def parse_receivers(model, specs: Optional[Iterable]) -> list[Receiver]:
+    if specs is None:
+        return all_receivers(model)
+    if isinstance(specs, (str, Receiver)):
+        specs = [specs]
+    return [parse_receiver(model, s) for s in specs]
