@@ -6,6 +6,10 @@
     interp demo                      capture + probe demo on the embedded world model
     interp world train --out DIR     pretrain a world model (the embedded default's recipe)
     interp world report [--model DIR]  recall and readability per relation
+    interp circuits induction --out DIR   patching analyses on the induction-head model
+    interp circuits relation NAME --out DIR  which components carry a relation, before/after fine-tuning
+    interp circuits figures DIR          redraw the figures of a circuits results folder
+    interp circuits train-induction --out DIR  retrain the induction-head model
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ world_app = typer.Typer(help="Synthetic knowledge worlds and the embedded world 
 app.add_typer(world_app, name="world")
 study_app = typer.Typer(help="The generalization study (the main job).", invoke_without_command=True)
 app.add_typer(study_app, name="study")
+circuits_app = typer.Typer(help="Activation, path and attribution patching.", no_args_is_help=True)
+app.add_typer(circuits_app, name="circuits")
 
 
 @app.command()
@@ -141,3 +147,69 @@ def world_report(
 
 if __name__ == "__main__":  # pragma: no cover
     app()
+
+
+@circuits_app.command("induction")
+def circuits_induction(
+    out: Path = typer.Option(Path("results/induction"), help="results folder"),
+    model: str = typer.Option("induction", help="'induction' (shipped) or a trained induction model directory"),
+    backend: str = typer.Option("nnsight", help="transformer_lens or nnsight"),
+    pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+):
+    """Activation, path and attribution patching on the induction-head model, with figures."""
+    import json
+
+    import interp
+    from circuits.figures import write_figures
+    from circuits.induction import analyze_induction
+
+    summary = analyze_induction(interp.load_model(model, backend=backend), out, n_pairs=pairs)
+    write_figures(out)
+    typer.echo(json.dumps(summary, indent=1))
+    typer.echo(f"tables and figures in {out}")
+
+
+@circuits_app.command("relation")
+def circuits_relation(
+    relation: str = typer.Argument(..., help="a world relation name, e.g. 'continent'"),
+    out: Path = typer.Option(Path("results/relation_circuit"), help="results folder"),
+    method: str = typer.Option("full", help="full or lora"),
+    category: str = typer.Option("animals", help="label category for relabelling"),
+    backend: str = typer.Option("nnsight", help="transformer_lens or nnsight"),
+    pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+):
+    """Components carrying a world relation's answer before and after relabelling fine-tuning."""
+    import interp
+    from circuits.figures import save_table, write_figures
+    from circuits.relation import relation_circuit
+    from interp.relations import from_world
+    from interp.world import load_world
+
+    m = interp.load_model("world", backend=backend)
+    (rel,) = from_world(load_world(), [relation])
+    df = relation_circuit(m, rel, n_pairs=pairs, category=category, method=method)
+    save_table(df, out, "relation_circuit")
+    write_figures(out)
+    top = df.sort_values("normalized", ascending=False).groupby("stage").head(5)
+    typer.echo(top.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@circuits_app.command("figures")
+def circuits_figures(out: Path = typer.Argument(..., help="a circuits results folder")):
+    """Redraw every figure of a circuits results folder from its saved tables."""
+    from circuits.figures import write_figures
+
+    for path in write_figures(out):
+        typer.echo(f"wrote {path}")
+
+
+@circuits_app.command("train-induction")
+def circuits_train_induction(
+    out: Path = typer.Option(..., help="output checkpoint directory"),
+    steps: int = typer.Option(1500, help="optimizer steps"),
+    seed: int = typer.Option(0, help="seed"),
+):
+    """Train the two-layer attention-only induction-head model (under a minute on 2 cores)."""
+    from circuits.induction import InductionConfig, train_induction_model
+
+    typer.echo(f"saved {train_induction_model(out, InductionConfig(steps=steps, seed=seed))}")

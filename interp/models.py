@@ -4,6 +4,8 @@
 
 - ``"world"``: the embedded default, a small LM the project pretrains on a synthetic world
   (see :mod:`interp.world`), shipped inside the package;
+- ``"induction"``: a two-layer attention-only model with induction heads (see
+  :mod:`circuits.induction`), shipped for the circuit tools;
 - a local HuggingFace directory (``config.json`` + weights + tokenizer);
 - a hub name (``"gpt2"``, ``"EleutherAI/pythia-70m"``) whose weights are in the local
   HuggingFace cache (or downloadable, on a machine with hub access);
@@ -221,6 +223,10 @@ def resolve_path(spec: str | os.PathLike) -> Path:
         from .world.checkpoint import default_checkpoint_dir
 
         return default_checkpoint_dir()
+    if str(spec) == "induction":
+        from circuits.induction import default_checkpoint_dir as induction_dir
+
+        return induction_dir()
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():

@@ -1,0 +1,280 @@
+"""Attribution patching: activation patching's linear approximation, for every node and edge at once.
+
+Activation patching needs one forward pass per patched component; attribution patching (Nanda
+2023) estimates all of them from one forward and one backward pass by a first-order Taylor
+expansion of the metric ``m`` around the run being patched:
+
+    AtP(a)   = sum_pos (a_source - a_target) . dm/da                         (node scores)
+    EAP(u->v) = sum_pos (w_u,source - w_u,target) . dm/d(input of v)          (edge scores)
+
+where ``a`` is a node's activation (a head's ``z``, an MLP output, the embeddings), ``w_u`` is
+node ``u``'s write into the residual stream (for a head ``z_u @ W_O``) and the input of ``v`` is
+receiver ``v``'s own copy of the residual stream: the gradient that flows back through ``v``'s
+query, key or value projection (or its MLP) alone (Syed, Rager & Conmy 2023).
+
+With ``direction="clean_into_corrupted"`` (default) the gradient is taken on the corrupted run,
+approximating the effect of patching clean activations into it; the scores are on the same scale
+as :class:`~circuits.ActivationPatching` with the same direction (minus its unpatched baseline).
+
+**EAP-IG** (Hanna et al. 2024): with ``ig_steps=m`` the gradient is averaged over ``m`` points on
+the straight line between the target and source input embeddings (midpoints ``(j + 1/2) / m``),
+integrated gradients' remedy for the saturation that makes one-point gradients miss large effects.
+
+Cost: node scores need one forward and one backward pass per IG step. Edge scores additionally
+need every receiver's private input gradient; a backend-neutral model has no per-head copy of the
+residual stream, so these are obtained by one extra forward per layer in which the layer's input
+is a fresh leaf, and a backward through that layer's projections only. Everything is batched over
+pairs; nothing is run per component.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .components import Node, Receiver, all_nodes, parse_nodes, parse_receivers
+from .metrics import as_metric
+from .pairs import Pairs
+from .path_patching import has_parallel_blocks, reaches, receiver_site
+from .runs import batch_of, cache, prepare, resolve_direction, site
+from .weights import head_output_weights
+
+Tensor = torch.Tensor
+
+
+def node_site(node: Node) -> str:
+    return {"embed": site("embed"), "head": site("z", node.layer), "mlp": site("mlp_out", node.layer)}[node.kind]
+
+
+class AttributionPatching:
+    """AtP node scores, EAP edge scores and their integrated-gradients variants.
+
+    Parameters
+    ----------
+    model : interp.Model
+    metric : name, Metric or differentiable function of the logits
+    ig_steps : None for plain AtP / EAP; ``m`` for the integrated-gradients variant (EAP-IG)
+    direction : ``"clean_into_corrupted"`` (default) or ``"corrupted_into_clean"``
+    nodes, receivers : restrict to these (default all)
+    by_position : node scores per position (else summed over positions)
+    batch_size : pairs per pass
+    """
+
+    def __init__(self, model, metric="logit_diff", ig_steps: Optional[int] = None,
+                 direction: str = "clean_into_corrupted", nodes: Optional[Sequence] = None,
+                 receivers: Optional[Sequence] = None, by_position: bool = False, batch_size: int = 64,
+                 progress: Optional[bool] = None):
+        if ig_steps is not None and (not isinstance(ig_steps, int) or ig_steps < 1):
+            raise ValueError(f"ig_steps must be None or a positive integer, got {ig_steps!r}")
+        self.model = model
+        self.metric = as_metric(metric)
+        self.ig_steps = ig_steps
+        self.direction = direction
+        self.target, self.source = resolve_direction(direction)
+        self.node_list = parse_nodes(model, nodes)
+        self.receiver_list = parse_receivers(model, receivers)
+        self.by_position = by_position
+        self.batch_size = batch_size
+        self.progress = progress
+
+    @property
+    def alphas(self) -> list[float]:
+        if self.ig_steps is None:
+            return [0.0]
+        return [(j + 0.5) / self.ig_steps for j in range(self.ig_steps)]
+
+    # gradient passes ---------------------------------------------------------------------------
+    def _embed_hook(self, src_embed: Tensor, alpha: float):
+        """The embeddings moved a fraction ``alpha`` of the way from target to source."""
+
+        def fn(act):
+            return act + alpha * (src_embed.to(act.device, act.dtype) - act.detach())
+
+        return fn
+
+    def _grads(self, part: Pairs, target, src_embed: Tensor, alpha: float, sites: list[str]) -> dict[str, Tensor]:
+        """d(sum of per-pair metric)/d(activation) at ``sites``, on the run at ``alpha``."""
+        leaves: dict[str, Tensor] = {}
+        embed_name = site("embed")
+
+        def leaf(name):
+            move = self._embed_hook(src_embed, alpha) if (name == embed_name and alpha) else None
+
+            def fn(act):
+                if move is not None:
+                    act = move(act)
+                z = torch.zeros_like(act, requires_grad=True)
+                leaves[name] = z
+                return act + z
+
+            return fn
+
+        hooks = {s: leaf(s) for s in sites}
+        if alpha and embed_name not in hooks:
+            hooks[embed_name] = self._embed_hook(src_embed, alpha)
+        with torch.enable_grad():
+            logits = self.model.run(target, hooks)
+            value = self.metric.reduce(logits, part).sum()
+            if not value.requires_grad:
+                raise ValueError(f"metric {self.metric.name!r} is not differentiable with respect to the logits "
+                                 "(did it call .item(), argmax or detach?); attribution patching needs its gradient")
+            names = list(leaves)
+            grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True)
+        return {n: (torch.zeros_like(leaves[n]) if g is None else g.detach()) for n, g in zip(names, grads)}
+
+    # node scores -------------------------------------------------------------------------------
+    def nodes(self, pairs: Pairs) -> pd.DataFrame:
+        """AtP (or AtP-IG) score of every node, averaged over pairs."""
+        pairs = prepare(self.model, pairs, self.metric)
+        sites = sorted({node_site(n) for n in self.node_list} | {site("embed")}, key=_order)
+        totals: dict[str, Tensor] = {}
+        bar = tqdm(total=len(pairs), desc="attribution (nodes)", disable=None if self.progress is None else not self.progress)
+        for part in pairs.batches(self.batch_size):
+            target, source = batch_of(part, self.target), batch_of(part, self.source)
+            tgt, src = cache(self.model, target, sites), cache(self.model, source, sites)
+            grad = self._mean_grads(part, target, src[site("embed")], sites)
+            for s in sites:
+                prod = (src[s] - tgt[s]) * grad[s]  # [n, pos, (head,) d]
+                per = prod.sum(-1).sum(0)  # [pos, (head)]
+                totals[s] = totals.get(s, 0) + per
+            bar.update(len(part))
+        bar.close()
+        n = len(pairs)
+        rows = []
+        for node in self.node_list:
+            t = totals[node_site(node)] / n
+            vals = t[:, node.head] if node.kind == "head" else t
+            if self.by_position:
+                rows += [_node_row(node, p, float(v)) for p, v in enumerate(vals.tolist())]
+            else:
+                rows.append(_node_row(node, None, float(vals.sum())))
+        df = pd.DataFrame(rows)
+        for col in ("head", "position"):
+            df[col] = df[col].astype("Int64")
+        df.attrs.update(metric=self.metric.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=n)
+        return df
+
+    def _mean_grads(self, part, target, src_embed, sites) -> dict[str, Tensor]:
+        acc: dict[str, Tensor] = {}
+        for a in self.alphas:
+            g = self._grads(part, target, src_embed, a, sites)
+            for s, v in g.items():
+                acc[s] = acc.get(s, 0) + v
+        return {s: v / len(self.alphas) for s, v in acc.items()}
+
+    # edge scores -------------------------------------------------------------------------------
+    def edges(self, pairs: Pairs) -> pd.DataFrame:
+        """EAP (or EAP-IG) score of every (sender node, receiver) edge, averaged over pairs."""
+        model = self.model
+        pairs = prepare(model, pairs, self.metric)
+        senders = self.node_list
+        receivers = self.receiver_list
+        node_sites = sorted({node_site(n) for n in senders} | {site("embed")}, key=_order)
+        rec_sites = sorted({receiver_site(model, r) for r in receivers}, key=_order)
+        w_o = {layer: head_output_weights(model, layer) for layer in {s.layer for s in senders if s.kind == "head"}}
+        scores = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
+        bar = tqdm(total=len(pairs), desc="attribution (edges)", disable=None if self.progress is None else not self.progress)
+        for part in pairs.batches(self.batch_size):
+            target, source = batch_of(part, self.target), batch_of(part, self.source)
+            tgt, src = cache(model, target, node_sites), cache(model, source, node_sites)
+            writes = torch.stack([self._write_delta(s, src, tgt, w_o) for s in senders])  # [S, n, pos, d]
+            r_in = torch.zeros((len(receivers),) + tuple(writes.shape[1:]), dtype=writes.dtype)
+            for a in self.alphas:
+                g = self._grads(part, target, src[site("embed")], a, rec_sites)
+                r_in += self._receiver_inputs(part, target, src[site("embed")], a, g, receivers)
+            r_in /= len(self.alphas)
+            scores += torch.einsum("snpd,rnpd->sr", writes.double(), r_in.double())
+            bar.update(len(part))
+        bar.close()
+        scores /= len(pairs)
+        rows = []
+        for i, s in enumerate(senders):
+            for j, r in enumerate(receivers):
+                if reaches(model, s, r):
+                    rows.append({"sender": s.name, "receiver": r.name, "sender_layer": s.layer, "sender_head": s.head,
+                                 "receiver_layer": r.layer, "receiver_head": r.head,
+                                 "receiver_input": r.input if r.kind == "head" else r.kind,
+                                 "score": float(scores[i, j])})
+        df = pd.DataFrame(rows)
+        for col in ("sender_head", "receiver_head"):
+            df[col] = df[col].astype("Int64")
+        df.attrs.update(metric=self.metric.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=len(pairs))
+        return df
+
+    @staticmethod
+    def _write_delta(node: Node, src, tgt, w_o) -> Tensor:
+        s = node_site(node)
+        if node.kind == "head":
+            dz = src[s][:, :, node.head] - tgt[s][:, :, node.head]  # [n, pos, d_head]
+            return dz @ w_o[node.layer][node.head].to(dz.dtype)
+        return src[s] - tgt[s]
+
+    def _receiver_inputs(self, part, target, src_embed, alpha, g: dict[str, Tensor],
+                         receivers: list[Receiver]) -> Tensor:
+        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: ``[R, n, pos, d_model]``."""
+        model = self.model
+        out: list[Optional[Tensor]] = [None] * len(receivers)
+        by_layer: dict[int, list[int]] = {}
+        for j, r in enumerate(receivers):
+            if r.kind == "logits":
+                out[j] = g[receiver_site(model, r)]
+            else:
+                by_layer.setdefault(r.layer, []).append(j)
+        parallel = has_parallel_blocks(model)
+        for layer, idx in by_layer.items():
+            leaves: dict[str, Tensor] = {}
+            acts: dict[str, Tensor] = {}
+            pre, mid = site("resid_pre", layer), site("resid_mid", layer)
+
+            def to_leaf(name):
+                def fn(act):
+                    x = act.detach().clone().requires_grad_(True)
+                    leaves[name] = x
+                    return x
+
+                return fn
+
+            def keep(name):
+                def fn(act):
+                    acts[name] = act
+
+                return fn
+
+            hooks = {pre: to_leaf(pre)}
+            if not parallel:
+                hooks[mid] = to_leaf(mid)
+            if alpha:
+                hooks[site("embed")] = self._embed_hook(src_embed, alpha)
+            for j in idx:
+                hooks.setdefault(receiver_site(model, receivers[j]), keep(receiver_site(model, receivers[j])))
+            with torch.enable_grad():
+                model.run(target, hooks)
+                for j in idx:
+                    r = receivers[j]
+                    name = receiver_site(model, r)
+                    grad_out = g[name]
+                    if r.kind == "head":
+                        h = r.head * acts[name].shape[2] // model.n_heads
+                        masked = torch.zeros_like(grad_out)
+                        masked[:, :, h] = grad_out[:, :, h]
+                        grad_out = masked
+                    leaf = leaves[pre] if (r.kind == "head" or parallel) else leaves[mid]
+                    (gx,) = torch.autograd.grad(acts[name], leaf, grad_outputs=grad_out, retain_graph=True)
+                    out[j] = gx.detach()
+        return torch.stack(out)
+
+
+def _node_row(node: Node, position, score: float) -> dict:
+    return {"node": node.name, "kind": node.kind, "layer": node.layer, "head": node.head, "position": position,
+            "score": score}
+
+
+def _order(name: str):
+    from interp.sites import parse_site
+
+    return parse_site(name).order
+
+
+__all__ = ["AttributionPatching", "all_nodes"]

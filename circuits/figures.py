@@ -1,0 +1,73 @@
+"""Write and redraw the figures of a circuits results folder from its saved tables.
+
+Every analysis run from the command line saves its DataFrames as CSV (with the run's attributes
+in ``<name>.json``); :func:`write_figures` rebuilds every figure from those files alone, so a
+figure for a paper can be restyled without rerunning anything:
+
+    interp circuits figures results/induction
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from interp.plots import export
+from interp.store import atomic_write_bytes
+
+from .plots import circuit_graph, head_heatmap, position_heatmap
+
+
+def save_table(df: pd.DataFrame, folder: str | Path, name: str) -> Path:
+    """``name.csv`` plus its attributes as ``name.json``, each written atomically."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / f"{name}.csv", df.to_csv(index=False).encode())
+    atomic_write_bytes(folder / f"{name}.json", json.dumps(df.attrs, indent=1, default=str).encode())
+    return folder / f"{name}.csv"
+
+
+def load_table(folder: str | Path, name: str) -> pd.DataFrame:
+    folder = Path(folder)
+    df = pd.read_csv(folder / f"{name}.csv")
+    meta = folder / f"{name}.json"
+    if meta.exists():
+        df.attrs.update(json.loads(meta.read_text()))
+    return df
+
+
+def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> list[Path]:
+    """Every figure the saved tables in ``folder`` support; returns the files written."""
+    folder = Path(folder)
+    figs = folder / "figures"
+    written: list[Path] = []
+    if (folder / "activation_patching.csv").exists():
+        ap = load_table(folder, "activation_patching")
+        if (ap.site == "z").any():
+            heads = ap[ap.site == "z"].groupby(["layer", "head"], as_index=False)["normalized"].mean()
+            written += export(head_heatmap(heads, "normalized", "activation patching: head outputs"), figs / "heads_activation", formats)
+        resid = ap[ap["position"].notna() & ap["head"].isna()]
+        if not resid.empty:
+            written += export(position_heatmap(resid, "normalized", site=resid.site.iloc[0]), figs / "positions_activation", formats)
+    if (folder / "attribution_nodes.csv").exists():
+        nodes = load_table(folder, "attribution_nodes")
+        written += export(head_heatmap(nodes[nodes.kind == "head"], "score", "attribution patching (AtP)"), figs / "heads_attribution", formats)
+    if (folder / "path_patching.csv").exists():
+        pp = load_table(folder, "path_patching")
+        written += export(circuit_graph(pp, top=12, baseline=pp.attrs.get("target_score", 0.0),
+                                        title="path patching: strongest edges"), figs / "circuit_path_patching", formats)
+    if (folder / "eap_edges.csv").exists():
+        eap = load_table(folder, "eap_edges")
+        written += export(circuit_graph(eap, top=12, title="edge attribution patching: strongest edges"),
+                          figs / "circuit_eap", formats)
+    if (folder / "relation_circuit.csv").exists():
+        rc = load_table(folder, "relation_circuit")
+        for stage in ("before", "after"):
+            part = rc[(rc.stage == stage) & rc["head"].notna()]
+            if not part.empty:
+                written += export(head_heatmap(part, "normalized", f"{rc.attrs.get('relation', '')}: {stage} fine-tuning"),
+                                  figs / f"relation_{stage}", formats)
+    if not written:
+        raise FileNotFoundError(f"no circuits tables (activation_patching.csv, path_patching.csv, ...) in {folder}")
+    return written

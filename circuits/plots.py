@@ -1,0 +1,124 @@
+"""Figures for patching results, built from their DataFrames (so they can be rebuilt from saved CSVs).
+
+- :func:`head_heatmap`: layer x head grid of any per-head score (activation patching of ``z``,
+  AtP node scores, path patching from one sender set);
+- :func:`position_heatmap`: layer x position grid (residual-stream patching by position);
+- :func:`circuit_graph`: the strongest edges of path patching or EAP as a layered graph, nodes at
+  (layer, index), edge width and colour by score.
+
+All figures use the toolkit's paper style (:func:`interp.plots.style`) and export with
+:func:`interp.plots.export`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from interp.plots import PALETTE, style
+
+DIVERGING = "RdBu"
+
+
+def _require(df: pd.DataFrame, cols, what: str):
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} needs columns {missing}; got {list(df.columns)}")
+
+
+def head_heatmap(df: pd.DataFrame, value: str = "score", title: str | None = None, size: str = "one-column") -> go.Figure:
+    """Layer x head heatmap of ``value`` (rows with a head; other rows ignored)."""
+    _require(df, ["layer", "head", value], "head_heatmap")
+    heads = df[df["head"].notna()]
+    if heads.empty:
+        raise ValueError("head_heatmap: no per-head rows in the DataFrame (patch site 'z', 'q', 'k' or 'v', or use node scores)")
+    grid = heads.groupby(["layer", "head"])[value].mean().unstack("head").sort_index()
+    z = grid.to_numpy(dtype=float)
+    lim = float(np.nanmax(np.abs(z))) or 1.0
+    fig = go.Figure(go.Heatmap(z=z, x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
+                               colorscale=DIVERGING, zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title=value)))
+    fig.update_layout(title=title or f"{value} by layer and head", xaxis_title="head", yaxis_title="layer")
+    fig.update_yaxes(autorange="reversed")
+    return style(fig, size)
+
+
+def position_heatmap(df: pd.DataFrame, value: str = "score", site: str | None = None, tokens=None,
+                     title: str | None = None, size: str = "two-column") -> go.Figure:
+    """Layer x position heatmap for a per-position activation patching result."""
+    _require(df, ["layer", "position", value], "position_heatmap")
+    rows = df[df["position"].notna() & df["head"].isna()] if "head" in df else df[df["position"].notna()]
+    if site is not None:
+        rows = rows[rows["site"] == site]
+    if rows.empty:
+        raise ValueError("position_heatmap: no per-position rows (run ActivationPatching with by_position=True)")
+    grid = rows.groupby(["layer", "position"])[value].mean().unstack("position").sort_index()
+    z = grid.to_numpy(dtype=float)
+    lim = float(np.nanmax(np.abs(z))) or 1.0
+    x = [str(tokens[int(p)]) if tokens is not None else str(int(p)) for p in grid.columns]
+    fig = go.Figure(go.Heatmap(z=z, x=x, y=[f"L{int(l)}" for l in grid.index], colorscale=DIVERGING, zmid=0,
+                               zmin=-lim, zmax=lim, colorbar=dict(title=value)))
+    fig.update_layout(title=title or f"{value} by layer and position", xaxis_title="position", yaxis_title="layer")
+    fig.update_yaxes(autorange="reversed")
+    return style(fig, size)
+
+
+def _node_xy(name: str, layer: int, n_heads: int) -> tuple[float, float]:
+    """x = column within the layer (heads, then MLP; receivers' q/k/v share the head's column);
+    y = depth (embeddings at the bottom, logits at the top)."""
+    base = name.split(".")[0]
+    if base == "embed":
+        return ((n_heads - 1) / 2, -1.0)
+    if base == "logits":
+        return ((n_heads - 1) / 2, layer + 0.0)
+    if base.startswith("MLP"):
+        return (n_heads + 0.5, layer + 0.5)
+    head = int(base.split("H")[1])
+    shift = {"q": -0.18, "k": 0.0, "v": 0.18}.get(name.split(".")[1], 0.0) if "." in name else 0.0
+    return (float(head) + shift, float(layer))
+
+
+def circuit_graph(edges: pd.DataFrame, top: int = 20, value: str = "score", baseline: float = 0.0,
+                  title: str | None = None, size: str = "one-column") -> go.Figure:
+    """The ``top`` edges by ``|value - baseline|`` as a layered graph (width and colour: effect).
+
+    For path patching, pass ``baseline=df.attrs["target_score"]`` so an edge's effect is its
+    change from the unpatched run; EAP scores are effects already (baseline 0).
+    """
+    _require(edges, ["sender", "receiver", "receiver_layer", "sender_layer", value], "circuit_graph")
+    if edges.empty:
+        raise ValueError("circuit_graph: no edges")
+    e = edges.assign(effect=edges[value] - baseline)
+    e = e.reindex(e["effect"].abs().sort_values(ascending=False).index).head(top)
+    n_heads = int(max(pd.concat([edges["sender_head"], edges["receiver_head"]]).dropna().max() + 1, 1)) \
+        if "receiver_head" in edges else 4
+    lim = float(e["effect"].abs().max()) or 1.0
+    fig = go.Figure()
+    pos = {}
+    for row in e.itertuples():
+        s = _node_xy(row.sender, int(row.sender_layer), n_heads)
+        r_layer = row.receiver_layer if pd.notna(row.receiver_layer) else edges["sender_layer"].max() + 1
+        r = _node_xy(row.receiver, int(r_layer), n_heads)
+        pos[row.sender.split(".")[0]] = s
+        pos[row.receiver.split(".")[0]] = _node_xy(row.receiver.split(".")[0], int(r_layer), n_heads)
+        colour = PALETTE[5] if row.effect < 0 else PALETTE[0]
+        width = 1 + 7 * abs(row.effect) / lim
+        label = f"{row.sender} → {row.receiver}: {row.effect:+.3g}"
+        fig.add_trace(go.Scatter(x=[s[0], r[0]], y=[s[1], r[1]], mode="lines", line=dict(color=colour, width=width),
+                                 hoverinfo="text", text=[label, label], showlegend=False))
+    mids = []
+    for r in e.itertuples():
+        a = _node_xy(r.sender, int(r.sender_layer), n_heads)
+        r_layer = r.receiver_layer if pd.notna(r.receiver_layer) else edges["sender_layer"].max() + 1
+        b = _node_xy(r.receiver, int(r_layer), n_heads)
+        mids.append((a[0] * 0.3 + b[0] * 0.7, a[1] * 0.3 + b[1] * 0.7, r.receiver.split(".")[1] if "." in r.receiver else ""))
+    fig.add_trace(go.Scatter(x=[m[0] for m in mids], y=[m[1] for m in mids], mode="text", text=[m[2] for m in mids],
+                             textfont=dict(size=16, color="black"), showlegend=False, hoverinfo="skip"))
+    names = list(pos)
+    fig.add_trace(go.Scatter(x=[pos[n][0] for n in names], y=[pos[n][1] for n in names], mode="markers+text",
+                             text=names, textposition="top center", marker=dict(size=14, color="white",
+                             line=dict(color="black", width=1.5)), showlegend=False, hoverinfo="text"))
+    fig.update_layout(title=title or f"strongest {len(e)} edges ({value}; blue raises, orange lowers the metric)",
+                      xaxis=dict(visible=False, range=[min(p[0] for p in pos.values()) - 0.6,
+                                                       max(p[0] for p in pos.values()) + 0.6]),
+                      yaxis=dict(title="layer", zeroline=False))
+    return style(fig, size)

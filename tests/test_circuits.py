@@ -1,0 +1,249 @@
+"""Circuits: parity with TransformerLens' patching, naive references and analytic gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import interp
+from circuits import (
+    ActivationPatching, AttributionPatching, MetricError, PairLengthError, PathPatching, UnknownComponentError,
+    make_pairs,
+)
+from circuits.components import parse_receivers
+from circuits.metrics import as_metric
+from naive_patching import naive_path_patch
+
+CLEAN = ["Paris is the capital of France", "Rome is the capital of Italy", "Tokyo is the capital of Japan"]
+CORRUPTED = ["Berlin is the capital of France", "Madrid is the capital of Italy", "Vorn is the capital of Japan"]
+ANSWER, WRONG = ["Paris", "Rome", "Tokyo"], ["Berlin", "Madrid", "Vorn"]
+
+
+def _pairs(model):
+    return make_pairs(model, CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG)
+
+
+def _tl_metric(pairs):
+    a, w, rows = pairs.answer, pairs.wrong, torch.arange(len(pairs.answer))
+    return lambda logits: (logits[rows, -1, a] - logits[rows, -1, w]).mean()
+
+
+# --- activation patching == transformer_lens.patching ---------------------------------------------
+TL_FUNCTIONS = {
+    ("resid_pre", True): "get_act_patch_resid_pre",
+    ("resid_mid", True): "get_act_patch_resid_mid",
+    ("attn_out", True): "get_act_patch_attn_out",
+    ("mlp_out", True): "get_act_patch_mlp_out",
+    ("z", True): "get_act_patch_attn_head_out_by_pos",
+    ("q", True): "get_act_patch_attn_head_q_by_pos",
+    ("k", False): "get_act_patch_attn_head_k_all_pos",
+    ("v", False): "get_act_patch_attn_head_v_all_pos",
+    ("z", False): "get_act_patch_attn_head_out_all_pos",
+}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("kind,by_position", list(TL_FUNCTIONS))
+def test_activation_patching_equals_transformer_lens(model_dirs, backend, family, kind, by_position):
+    from transformer_lens import patching
+
+    model = interp.load_model(model_dirs[family], backend=backend)
+    bridge = interp.load_model(model_dirs[family], backend="transformer_lens").backend.bridge
+    pairs = _pairs(model)
+    df = ActivationPatching(model, "logit_diff", sites=[kind], by_position=by_position, batch_size=20,
+                            progress=False).run(pairs)
+    _, clean_cache = bridge.run_with_cache(pairs.clean.input_ids)
+    ref = getattr(patching, TL_FUNCTIONS[(kind, by_position)])(bridge, pairs.corrupted.input_ids, clean_cache,
+                                                                _tl_metric(pairs))
+    ours = torch.tensor(df["score"].to_numpy(), dtype=ref.dtype)
+    if kind in ("z", "q") and by_position:  # ours: layer, head, position; TL: layer, position, head
+        ours = ours.reshape(ref.shape[0], ref.shape[2], ref.shape[1]).transpose(1, 2)
+    torch.testing.assert_close(ours.reshape(ref.shape), ref, atol=1e-5, rtol=1e-5)
+    assert df["score"].std() > 0  # patching did something
+
+
+def test_activation_patching_directions_and_normalization(model_dirs, backend):
+    model = interp.load_model(model_dirs["gpt2"], backend=backend)
+    pairs = _pairs(model)
+    fwd = ActivationPatching(model, "logit_diff", sites=["resid_pre"], progress=False).run(pairs)
+    back = ActivationPatching(model, "logit_diff", sites=["resid_pre"], direction="corrupted_into_clean",
+                              progress=False).run(pairs)
+    assert fwd.attrs["clean_score"] == pytest.approx(back.attrs["clean_score"], abs=1e-5)
+    last = pairs.n_pos - 1
+    # the last position of layer 0's residual carries everything: patching it restores the source run
+    full = fwd[(fwd.layer == 0) & (fwd.position == last)]
+    assert float(full.normalized.iloc[0]) == pytest.approx(1.0, abs=1e-4)
+    full_back = back[(back.layer == 0) & (back.position == last)]
+    assert float(full_back.score.iloc[0]) == pytest.approx(fwd.attrs["corrupted_score"], abs=1e-4)
+
+
+# --- path patching == a naive loop; == TransformerLens' direct path patching ----------------------------
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gpt_neox"])
+@pytest.mark.parametrize("mlps", ["frozen", "recomputed"])
+def test_path_patching_equals_naive_reference(model_dirs, backend, family, mlps):
+    model = interp.load_model(model_dirs[family], backend=backend)
+    pairs = _pairs(model)
+    receivers = ["L1H0.q", "L1H2.k", "L1H3.v", "MLP1", "MLP0", "logits"]
+    df = PathPatching(model, "logit_diff", receivers=receivers, mlps=mlps, batch_size=12, progress=False).run(pairs)
+    metric = as_metric("logit_diff")
+    senders = {s.name: s for s in PathPatching(model, receivers=receivers).senders}
+    assert len(df) >= 30
+    for row in df.itertuples():
+        ref = naive_path_patch(model, pairs, metric, senders[row.sender], parse_receivers(model, [row.receiver])[0], mlps)
+        assert row.score == pytest.approx(ref, abs=1e-5), (row.sender, row.receiver)
+
+
+def test_mlp_variants_differ(model_dirs):
+    model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
+    pairs = _pairs(model)
+    frozen = PathPatching(model, senders=["embed", "L0H1"], receivers=["logits"], mlps="frozen", progress=False).run(pairs)
+    recomputed = PathPatching(model, senders=["embed", "L0H1"], receivers=["logits"], mlps="recomputed",
+                              progress=False).run(pairs)
+    assert (frozen.score - recomputed.score).abs().max() > 1e-4  # the option changes what is measured
+
+
+@pytest.mark.parametrize("component", ["q", "k", "v"])
+def test_path_patching_equals_transformer_lens_direct_path(model_dirs, backend, component):
+    from transformer_lens import patching
+
+    model = interp.load_model(model_dirs["gpt2"], backend=backend)
+    bridge = interp.load_model(model_dirs["gpt2"], backend="transformer_lens").backend.bridge
+    pairs = _pairs(model)
+    _, cc = bridge.run_with_cache(pairs.clean.input_ids)
+    _, xc = bridge.run_with_cache(pairs.corrupted.input_ids)
+    ref = patching.get_act_patch_direct_path(bridge, pairs.corrupted.input_ids, cc, xc, _tl_metric(pairs), 0, 2,
+                                             component=component, verbose=False)
+    df = PathPatching(model, senders=["L0H2"], receivers=[f"L1H{h}.{component}" for h in range(4)], mlps="frozen",
+                      direction="clean_into_corrupted", progress=False).run(pairs)
+    torch.testing.assert_close(torch.tensor(df.score.to_numpy(), dtype=ref.dtype), ref[1], atol=1e-5, rtol=1e-5)
+
+
+def test_joint_receivers(model_dirs):
+    model = interp.load_model(model_dirs["gpt2"], backend="transformer_lens")
+    pairs = _pairs(model)
+    df = PathPatching(model, senders=["L0H0", "L0H3"], receivers=["L1H0.q", "L1H1.k"], joint_receivers=True,
+                      progress=False).run(pairs)
+    assert list(df.receiver.unique()) == ["L1H0.q+L1H1.k"] and len(df) == 2
+
+
+# --- attribution patching == analytic gradients --------------------------------------------------------
+def _hf_reference(model_dir, pairs):
+    """Head-output gradients and q-input gradients computed by hand on the HuggingFace GPT-2."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    n, heads = len(pairs), hf.config.n_head
+    d_head = hf.config.n_embd // heads
+
+    def run(ids, grads):
+        z, resid, qkv = {}, {}, {}
+        handles = []
+        for layer, block in enumerate(hf.transformer.h):
+            def pre_z(mod, args, layer=layer):
+                if grads:
+                    args[0].retain_grad()
+                z[layer] = args[0]
+
+            def pre_block(mod, args, kwargs, layer=layer):
+                resid[layer] = args[0] if args else kwargs["hidden_states"]
+
+            def out_qkv(mod, args, out, layer=layer):
+                if grads:
+                    out.retain_grad()
+                qkv[layer] = out
+
+            handles += [block.attn.c_proj.register_forward_pre_hook(pre_z),
+                        block.register_forward_pre_hook(pre_block, with_kwargs=True),
+                        block.attn.c_attn.register_forward_hook(out_qkv)]
+        logits = hf(input_ids=ids).logits
+        for h in handles:
+            h.remove()
+        return logits, z, resid, qkv
+
+    with torch.no_grad():
+        _, z_clean, _, _ = run(pairs.clean.input_ids, False)
+    logits, z_corr, resid, qkv = run(pairs.corrupted.input_ids, True)
+    rows = torch.arange(n)
+    (logits[rows, -1, pairs.answer] - logits[rows, -1, pairs.wrong]).sum().backward()
+    node = {}
+    for layer in z_corr:
+        dz = (z_clean[layer] - z_corr[layer].detach()).reshape(n, -1, heads, d_head)
+        g = z_corr[layer].grad.reshape(n, -1, heads, d_head)
+        node[layer] = (dz * g).sum((0, 1, 3)) / n
+    # edge L0H{s} -> L1H{r}.q: head s's write, dotted with the gradient through head r's query alone
+    block = hf.transformer.h[1]
+    x = resid[1].detach().requires_grad_(True)
+    q = block.attn.c_attn(block.ln_1(x))[..., : hf.config.n_embd].reshape(n, -1, heads, d_head)
+    g_q = qkv[1].grad[..., : hf.config.n_embd].reshape(n, -1, heads, d_head)
+    w_o = hf.transformer.h[0].attn.c_proj.weight.reshape(heads, d_head, -1)
+    edge = torch.zeros(heads, heads)
+    for r in range(heads):
+        (r_in,) = torch.autograd.grad(q[:, :, r], x, grad_outputs=g_q[:, :, r], retain_graph=True)
+        for s in range(heads):
+            dz = (z_clean[0] - z_corr[0].detach()).reshape(n, -1, heads, d_head)[:, :, s]
+            edge[s, r] = (dz @ w_o[s] * r_in).sum() / n
+    return node, edge
+
+
+def test_attribution_equals_analytic_gradients(model_dirs, backend):
+    model = interp.load_model(model_dirs["gpt2"], backend=backend)
+    pairs = _pairs(model)
+    node_ref, edge_ref = _hf_reference(model_dirs["gpt2"], pairs)
+    nodes = AttributionPatching(model, "logit_diff", progress=False).nodes(pairs)
+    for layer, ref in node_ref.items():
+        ours = torch.tensor(nodes[(nodes.kind == "head") & (nodes.layer == layer)].score.to_numpy(), dtype=ref.dtype)
+        torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-4)
+    edges = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+    for s in range(4):
+        for r in range(4):
+            got = edges[(edges.sender == f"L0H{s}") & (edges.receiver == f"L1H{r}.q")].score.item()
+            assert got == pytest.approx(float(edge_ref[s, r]), abs=1e-6, rel=1e-4)
+
+
+def test_integrated_gradients_are_complete(model_dirs, backend):
+    """IG at the embeddings sums to the metric's total change (midpoint rule: error O(1/m^2))."""
+    model = interp.load_model(model_dirs["gpt2"], backend=backend)
+    pairs = _pairs(model)
+    act = ActivationPatching(model, "logit_diff", sites=["resid_pre"], layers=[0], progress=False).run(pairs)
+    total = act.attrs["source_score"] - act.attrs["target_score"]
+    ig = AttributionPatching(model, "logit_diff", ig_steps=24, nodes=["embed"], progress=False).nodes(pairs)
+    plain = AttributionPatching(model, "logit_diff", nodes=["embed"], progress=False).nodes(pairs)
+    assert ig.score.item() == pytest.approx(total, rel=0.02)
+    assert abs(plain.score.item() - total) > abs(ig.score.item() - total)  # IG is closer than one gradient
+
+
+# --- bad input --------------------------------------------------------------------------------------------
+def test_bad_inputs(model_dirs):
+    model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
+    with pytest.raises(PairLengthError, match="same length"):
+        make_pairs(model, ["Paris is the capital of France"], ["Paris is a capital"])
+    with pytest.raises(ValueError, match="one corrupted prompt per clean prompt"):
+        make_pairs(model, CLEAN, CORRUPTED[:2])
+    with pytest.raises(UnknownComponentError, match="L1H3"):
+        PathPatching(model, receivers=["L1H3.z"])
+    with pytest.raises(UnknownComponentError, match="L0H1"):
+        PathPatching(model, senders=["L0H01"])
+    with pytest.raises(ValueError, match="did you mean 'resid_pre'"):
+        ActivationPatching(model, sites=["resid_prev"])
+    with pytest.raises(ValueError, match="unknown metric"):
+        ActivationPatching(model, metric="logit_dif")
+    pairs = _pairs(model)
+    with pytest.raises(MetricError, match="scalar or one value per pair"):
+        ActivationPatching(model, metric=lambda logits: logits[:, -1], progress=False).run(pairs)
+    with pytest.raises(ValueError, match="not differentiable"):
+        AttributionPatching(model, metric=lambda logits: logits[:, -1].argmax(-1).float(), progress=False).nodes(pairs)
+    with pytest.raises(ValueError, match="needs answer tokens"):
+        ActivationPatching(model, progress=False).run(make_pairs(model, CLEAN, CORRUPTED))
+
+
+def test_plots(model_dirs, tmp_path):
+    from circuits import circuit_graph, head_heatmap, position_heatmap
+
+    model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
+    pairs = _pairs(model)
+    ap = ActivationPatching(model, sites=["z", "resid_pre"], progress=False).run(pairs)
+    fig = head_heatmap(ap[ap.site == "z"].groupby(["layer", "head"], as_index=False).score.mean())
+    assert fig.data[0].z.shape == (2, 4)
+    assert position_heatmap(ap, site="resid_pre").data[0].z.shape == (2, pairs.n_pos)
+    pp = PathPatching(model, receivers=["L1H0.k", "L1H1.q", "logits"], progress=False).run(pairs)
+    g = circuit_graph(pp, top=5, baseline=pp.attrs["target_score"])
+    assert len([t for t in g.data if t.mode == "lines"]) == 5
