@@ -193,6 +193,11 @@ def attention_patterns(model, pairs: Pairs, layer: int) -> torch.Tensor:
     HuggingFace model's own (eager) attention, rotary embeddings included."""
     from .weights import hf_model_of
 
+    ids = pairs.clean.input_ids.to(model.device)
+    if model.backend_name == "transformer_lens":  # the bridge reimplements attention; read its pattern hook
+        name = f"blocks.{layer}.attn.hook_pattern"
+        _, cache = model.backend.bridge.run_with_cache(ids, names_filter=lambda n: n == name)
+        return cache[name].float().cpu()
     hf = hf_model_of(model)
     before = getattr(hf.config, "_attn_implementation", None)
     if before != "eager":
