@@ -39,7 +39,6 @@ from .metrics import as_metric
 from .pairs import Pairs
 from .path_patching import has_parallel_blocks, reaches, receiver_site
 from .runs import batch_of, cache, prepare, resolve_direction, site
-from .weights import head_output_weights
 
 Tensor = torch.Tensor
 
@@ -173,7 +172,7 @@ class AttributionPatching:
         receivers = self.receiver_list
         node_sites = sorted({node_site(n) for n in senders} | {site("embed")}, key=_order)
         rec_sites = sorted({receiver_site(model, r) for r in receivers}, key=_order)
-        w_o = {layer: head_output_weights(model, layer) for layer in {s.layer for s in senders if s.kind == "head"}}
+        w_o = {layer: model.head_output_weights(layer) for layer in {s.layer for s in senders if s.kind == "head"}}
         scores = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
         bar = tqdm(total=len(pairs), desc="attribution (edges)", disable=None if self.progress is None else not self.progress)
         for part in pairs.batches(self.batch_size):

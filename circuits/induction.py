@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from .pairs import Pairs, make_pairs
 
-_DEFAULT = Path(__file__).resolve().parent.parent / "interp" / "checkpoints" / "induction"
+_DEFAULT = Path(__file__).resolve().parent.parent / "interp" / "checkpoints" / "induction"  # the shipped checkpoint
 
 
 @dataclass(frozen=True)
@@ -187,28 +187,9 @@ def induction_scores(model, pairs: Pairs, layer: int = 1) -> torch.Tensor:
     return _attention_scores(model, pairs, layer, offset=half - 1, start=half + 1)
 
 
-@torch.no_grad()
 def attention_patterns(model, pairs: Pairs, layer: int) -> torch.Tensor:
-    """Attention patterns ``[n, head, query, key]`` of the clean inputs at ``layer``, from the
-    HuggingFace model's own (eager) attention, rotary embeddings included."""
-    from .weights import hf_model_of
-
-    ids = pairs.clean.input_ids.to(model.device)
-    if model.backend_name == "transformer_lens":  # the bridge reimplements attention; read its pattern hook
-        name = f"blocks.{layer}.attn.hook_pattern"
-        _, cache = model.backend.bridge.run_with_cache(ids, names_filter=lambda n: n == name)
-        return cache[name].float().cpu()
-    hf = hf_model_of(model)
-    before = getattr(hf.config, "_attn_implementation", None)
-    if before != "eager":
-        hf.set_attn_implementation("eager")
-    try:
-        out = hf(input_ids=pairs.clean.input_ids.to(model.device),
-                 attention_mask=pairs.clean.attention_mask.to(model.device), output_attentions=True)
-    finally:
-        if before not in (None, "eager"):
-            hf.set_attn_implementation(before)
-    return out.attentions[layer].float().cpu()
+    """Attention patterns ``[n, head, query, key]`` of the clean inputs at ``layer``."""
+    return model.attention_pattern(pairs.clean, layer).float().cpu()
 
 
 def _attention_scores(model, pairs: Pairs, layer: int, offset: int, start: int = 1) -> torch.Tensor:

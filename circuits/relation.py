@@ -85,7 +85,7 @@ def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animal
     tmpl = config.template
     ft_prompts = [tmpl.format(relation.subjects[i]) for i in design.finetune]
     ft_labels = [design.mapping[relation.answers[i]] for i in design.finetune]
-    tuned, info = finetune(getattr(model.backend, "hf_model", None) or model.module, model.tokenizer,
+    tuned, info = finetune(model.hf_model or model.module, model.tokenizer,
                            ft_prompts, ft_labels, design.labels, method, config, seed=seed, pad_id=model.pad_token_id)
     if method == "lora":
         tuned = tuned.merge_and_unload()

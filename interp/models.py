@@ -92,6 +92,21 @@ class Model:
                 return int(candidate)
         return 0
 
+    @property
+    def hf_model(self) -> Optional[torch.nn.Module]:
+        """The underlying HuggingFace model (both backends run one), e.g. to fine-tune a copy."""
+        return self.backend.hf_model
+
+    def head_output_weights(self, layer: int) -> torch.Tensor:
+        """``W_O`` of every head at ``layer``: ``[n_heads, d_head, d_model]``."""
+        return self.backend.head_output_weights(layer)
+
+    def attention_pattern(self, inputs, layer: int, padding_side: Optional[str] = None) -> torch.Tensor:
+        """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""
+        batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
+        dev = self.device
+        return self.backend.attention_pattern(batch.input_ids.to(dev), batch.attention_mask.to(dev), layer)
+
     def resid_site(self, layer: int) -> str:
         return f"blocks.{layer}.hook_resid_post"
 
@@ -224,9 +239,11 @@ def resolve_path(spec: str | os.PathLike) -> Path:
 
         return default_checkpoint_dir()
     if str(spec) == "induction":
-        from circuits.induction import default_checkpoint_dir as induction_dir
-
-        return induction_dir()
+        path = Path(__file__).resolve().parent / "checkpoints" / "induction"
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(f"the induction-head model is missing from {path}; rebuild it with "
+                                     "`interp circuits train-induction --out interp/checkpoints/induction`")
+        return path
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():

@@ -52,6 +52,48 @@ class Backend(ABC):
         """Forward pass with ``hooks`` attached; returns the logits (or, for a model with no
         head, the last hidden states)."""
 
+    @property
+    def hf_model(self) -> Optional[torch.nn.Module]:
+        """The HuggingFace model holding the weights, when there is one."""
+        return None
+
+    def _require_hf(self, what: str) -> torch.nn.Module:
+        if self.hf_model is None:
+            raise TypeError(f"{what} needs the underlying HuggingFace model, which this {self.name} model does not have")
+        return self.hf_model
+
+    @torch.no_grad()
+    def head_output_weights(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
+        """``W_O`` of every head at ``layer``, read off the module that consumes ``z`` (GPT-2's
+        ``c_proj``, Llama's ``o_proj``, ...) by applying it to the identity (Linear or Conv1D)."""
+        from ..architectures import architecture_for
+
+        hf = self._require_hf("head_output_weights")
+        prefix = getattr(hf, "base_model_prefix", "")
+        base = prefix + "." if prefix and hasattr(hf, prefix) else ""
+        loc = architecture_for(hf.config).locations["attn.hook_z"]
+        module = hf.get_submodule(base + loc.module.format(l=layer))
+        p = next(module.parameters())
+        d_in = self.n_heads * self.d_head
+        eye = torch.eye(d_in, device=p.device, dtype=p.dtype)
+        w = module(eye) - module(torch.zeros(1, d_in, device=p.device, dtype=p.dtype))
+        return w.reshape(self.n_heads, self.d_head, -1)
+
+    @torch.no_grad()
+    def attention_pattern(self, input_ids: Tensor, attention_mask: Optional[Tensor], layer: int
+                          ) -> Float[Tensor, "batch head query key"]:
+        """Attention probabilities at ``layer`` from the model's own (eager) attention."""
+        hf = self._require_hf("attention_pattern")
+        before = getattr(hf.config, "_attn_implementation", None)
+        if before != "eager":
+            hf.set_attn_implementation("eager")
+        try:
+            out = hf(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+        finally:
+            if before not in (None, "eager"):
+                hf.set_attn_implementation(before)
+        return out.attentions[layer]
+
 
 def accepts_position_ids(hf_model: torch.nn.Module) -> bool:
     try:

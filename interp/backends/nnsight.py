@@ -26,7 +26,7 @@ class NNsightBackend(Backend):
     def __init__(self, hf_model: torch.nn.Module):
         from nnsight import NNsight
 
-        self.hf_model = hf_model
+        self._hf_model = hf_model
         config = hf_model.config
         self.arch = architecture_for(config)
         self.info = arch_info(config)
@@ -41,6 +41,10 @@ class NNsightBackend(Backend):
         with warnings.catch_warnings():  # BERT's `.output` submodules: handled in _envoy_at
             warnings.filterwarnings("ignore", message=".*which nnsight already serves.*")
             self.envoy = NNsight(hf_model)
+
+    @property
+    def hf_model(self) -> torch.nn.Module:
+        return self._hf_model
 
     @property
     def module(self) -> torch.nn.Module:

@@ -36,6 +36,13 @@ class TransformerLensBackend(Backend):
     def hf_model(self):
         return getattr(self.bridge, "original_model", None)
 
+    @torch.no_grad()
+    def attention_pattern(self, input_ids, attention_mask, layer: int):
+        """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
+        name = f"blocks.{layer}.attn.hook_pattern"
+        _, cache = self.bridge.run_with_cache(input_ids, attention_mask=attention_mask, names_filter=lambda n: n == name)
+        return cache[name]
+
     def hook_name(self, site: str) -> str:
         """The bridge hook point that computes ``site`` (the same name but for a few aliases)."""
         return bridge_hook_name(site, self._model_type)

@@ -129,7 +129,7 @@ class Study:
         self.subject_frequency = subject_frequency
         self.frequency_source = frequency_source if subject_frequency is not None else "proxy: mean log-prob of subject tokens"
         self.progress = progress
-        module = getattr(model.backend, "hf_model", None)
+        module = model.hf_model
         if module is None:
             raise ValueError("the study fine-tunes a HuggingFace module; this model handle has none")
         self.module = module
