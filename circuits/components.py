@@ -105,30 +105,22 @@ def _unknown(text: str, valid: list[str], what: str) -> UnknownComponentError:
     )
 
 
+def _parse(spec, valid: list, cls: type, what: str):
+    by_name = {x.name: x for x in valid}
+    name = spec.name if isinstance(spec, cls) else str(spec)
+    if name in by_name and (not isinstance(spec, cls) or spec in valid):
+        return by_name[name]
+    raise _unknown(name, list(by_name), what)
+
+
 def parse_node(model, spec) -> Node:
     """A :class:`Node` from ``"embed"``, ``"L1H3"``, ``"MLP2"`` or a Node (checked against the model)."""
-    nodes = all_nodes(model)
-    if isinstance(spec, Node):
-        if spec not in nodes:
-            raise _unknown(spec.name, [n.name for n in nodes], "node")
-        return spec
-    by_name = {n.name: n for n in nodes}
-    if str(spec) in by_name:
-        return by_name[str(spec)]
-    raise _unknown(spec, list(by_name), "node")
+    return _parse(spec, all_nodes(model), Node, "node")
 
 
 def parse_receiver(model, spec) -> Receiver:
     """A :class:`Receiver` from ``"L1H3.k"``, ``"MLP2"``, ``"logits"`` or a Receiver."""
-    recs = all_receivers(model)
-    if isinstance(spec, Receiver):
-        if spec not in recs:
-            raise _unknown(spec.name, [r.name for r in recs], "receiver")
-        return spec
-    by_name = {r.name: r for r in recs}
-    if str(spec) in by_name:
-        return by_name[str(spec)]
-    raise _unknown(spec, list(by_name), "receiver")
+    return _parse(spec, all_receivers(model), Receiver, "receiver")
 
 
 def parse_nodes(model, specs: Optional[Iterable]) -> list[Node]:
