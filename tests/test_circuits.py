@@ -339,3 +339,17 @@ def test_cli_induction_and_figures(tmp_path):
     (out / "figures" / "circuit_path_patching.png").unlink()
     result = CliRunner().invoke(app, ["circuits", "figures", str(out)])
     assert result.exit_code == 0 and (out / "figures" / "circuit_path_patching.png").exists()
+
+
+@pytest.mark.parametrize("metric", ["kl_to_clean", "answer_prob"])
+def test_other_metrics(model_dirs, metric):
+    model = interp.load_model(model_dirs["llama"], backend="nnsight")
+    pairs = _pairs(model)
+    df = ActivationPatching(model, metric, sites=["resid_pre"], layers=[0], progress=False).run(pairs)
+    clean, corrupted = df.attrs["clean_score"], df.attrs["corrupted_score"]
+    if metric == "kl_to_clean":
+        assert clean == pytest.approx(0.0, abs=1e-6) and corrupted > 1e-4
+    else:
+        assert 0 < corrupted < clean < 1 or 0 < clean < corrupted < 1
+    restored = df[df.position == 0].score.item()  # the differing token: patching it restores the clean run
+    assert restored == pytest.approx(clean, abs=1e-5)
