@@ -10,6 +10,8 @@
     interp circuits relation NAME --out DIR  which components carry a relation, before/after fine-tuning
     interp circuits figures DIR          redraw the figures of a circuits results folder
     interp circuits train-induction --out DIR  retrain the induction-head model
+    interp jacobians grok --out DIR      grokking on modular addition: weight decay vs GrokAlign
+    interp study predictors DIR          LRE faithfulness and Jacobian alignment as predictors
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ world_app = typer.Typer(help="Synthetic knowledge worlds and the embedded world 
 app.add_typer(world_app, name="world")
 study_app = typer.Typer(help="The generalization study (the main job).", invoke_without_command=True)
 app.add_typer(study_app, name="study")
+jacobians_app = typer.Typer(help="Jacobians, GrokAlign and linear relational embeddings.", no_args_is_help=True)
+app.add_typer(jacobians_app, name="jacobians")
 circuits_app = typer.Typer(help="Activation, path and attribution patching.", no_args_is_help=True)
 app.add_typer(circuits_app, name="circuits")
 
@@ -213,3 +217,50 @@ def circuits_train_induction(
     from circuits.induction import InductionConfig, train_induction_model
 
     typer.echo(f"saved {train_induction_model(out, InductionConfig(steps=steps, seed=seed))}")
+
+
+@jacobians_app.command("grok")
+def jacobians_grok(
+    out: Path = typer.Option(Path("results/grokking"), help="results folder (finished runs are reused)"),
+    seeds: int = typer.Option(3, help="seeds per condition"),
+    lam: float = typer.Option(1e-3, help="GrokAlign lambda"),
+    p: Optional[int] = typer.Option(None, help="modulus (default: the CPU configuration's)"),
+    steps: Optional[int] = typer.Option(None, help="maximum steps per run"),
+):
+    """Steps to grok modular addition with weight decay alone and with the GrokAlign regularizer."""
+    from dataclasses import replace
+
+    from jacobians.dynamics import from_log, trajectory_plot
+    from jacobians.grokking import CPU_CONFIG, grokking_experiment, load_logs
+    from interp.plots import export
+
+    config = replace(CPU_CONFIG, **{k: v for k, v in {"p": p, "steps": steps}.items() if v is not None})
+    table = grokking_experiment(out, config, lam=lam, seeds=tuple(range(seeds)))
+    typer.echo(table.to_string(index=False))
+    by = table.groupby("condition").grok_step
+    typer.echo(f"\nmean steps to {config.target:.0%} test accuracy: " + ", ".join(
+        f"{c} {v:.0f} (grokked {by.count()[c]}/{by.size()[c]})" for c, v in by.mean().items()))
+    if by.count().get("grokalign", 0) and by.count().get("weight_decay", 0):
+        typer.echo(f"ratio weight decay / GrokAlign: {by.mean()['weight_decay'] / by.mean()['grokalign']:.2f}x")
+    logs = load_logs(out)
+    first = logs[logs.seed == logs.seed.min()]
+    for condition, part in first.groupby("condition"):
+        fig = trajectory_plot(from_log(part.drop(columns=["condition", "seed"])), title=f"modular addition, {condition}")
+        export(fig, out / "figures" / f"dynamics_{condition}", ("html", "png"))
+
+
+@study_app.command("predictors")
+def study_predictors(
+    out: Path = typer.Argument(..., help="a finished study's results folder (world model)"),
+    layer: Optional[int] = typer.Option(None, help="LRE subject layer (default: n_layers // 2 - 1)"),
+    beta: float = typer.Option(1.0, help="LRE beta"),
+):
+    """LRE faithfulness/causality and Jacobian alignment per relation, correlated with generalization."""
+    import interp
+    from interp.relations import from_world
+    from interp.study.predictors import compare_predictors
+    from interp.world import load_world
+
+    model = interp.load_model("world", backend="nnsight")
+    table = compare_predictors(out, model, from_world(load_world()), layer=layer, beta=beta)
+    typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
