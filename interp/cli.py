@@ -3,6 +3,7 @@
     interp study --out DIR           the generalization study on the embedded world model (main job)
     interp study figures DIR         redraw every figure and the report of a results folder
     interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
+    interp figures DIR               redraw every figure of every result under DIR from saved data
     interp demo                      capture + probe demo on the embedded world model
     interp world train --out DIR     pretrain a world model (the embedded default's recipe)
     interp world report [--model DIR]  recall and readability per relation
@@ -67,6 +68,7 @@ def study(
     n_finetune: int = typer.Option(5, help="fine-tuning subjects per answer"),
     methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
     quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
+    executor: str = typer.Option("serial", help="serial, or ray (a local Ray cluster, or RAY_ADDRESS's)"),
 ):
     """Run (or resume) the generalization study; writes tables, figures and report.html."""
     if ctx.invoked_subcommand is not None:
@@ -77,7 +79,7 @@ def study(
     if quick:
         cfg = StudyConfig(n_finetune=n_finetune, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,),
                           other_categories=(), n_boot=500, n_perm=500)
-    result = run_study(model, relations or None, out=out, config=cfg, backend=backend)
+    result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
     s = result.summary
     p = s["headline"].get("pearson", {})
     typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
@@ -91,6 +93,18 @@ def study(
     typer.echo(f"error back-mapping: {b['n_errors']} errors; in probe top-k {b['probe_topk_rate']:.3f}, in model top-k {b['model_topk_rate']:.3f}")
     typer.echo(f"mean train accuracy {s['train_accuracy']}; mean generalization {s['generalization']}")
     typer.echo(f"report: {out / 'report.html'}")
+
+
+@app.command("figures")
+def figures(
+    out: Path = typer.Argument(..., help="a results folder (searched recursively)"),
+    formats: str = typer.Option("html,png,svg,pdf", help="comma-separated: html, png, svg, pdf"),
+):
+    """Redraw every figure of every result under a folder from its saved tables."""
+    from interp.figures import regenerate
+
+    for folder, files in regenerate(out, formats.split(",")).items():
+        typer.echo(f"{folder}: {len(files)} files")
 
 
 @study_app.command("figures")

@@ -45,6 +45,8 @@ class Model:
         self.backend = backend
         self.tokenizer = tokenizer
         self.name = name
+        #: where the weights were loaded from (a directory), so workers can load it again; None in memory
+        self.source: Optional[str] = None
         self._fingerprint: Optional[str] = None
 
     # dimensions and sites -------------------------------------------------------------------
@@ -78,7 +80,8 @@ class Model:
 
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        device = next(self.module.parameters()).device
+        return torch.device("cpu") if device.type == "meta" else device  # remote models: inputs stay here
 
     @property
     def dtype(self) -> torch.dtype:
@@ -177,10 +180,18 @@ def load_model(
     device: Optional[str | torch.device] = None,
     dtype: Optional[torch.dtype] = None,
     name: Optional[str] = None,
+    remote: bool = False,
 ) -> Model:
-    """Load a model behind ``backend`` (``"transformer_lens"`` or ``"nnsight"``); see module doc."""
+    """Load a model behind ``backend`` (``"transformer_lens"`` or ``"nnsight"``); see module doc.
+
+    ``remote=True`` (nnsight only): ``spec`` is a hub name of a model NDIF hosts; only its
+    config and tokenizer are loaded here (weights stay on the meta device) and every forward pass
+    (capture, patching, ...) runs remotely (set your key with ``nnsight.CONFIG.set_default_api_key``).
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if remote:
+        return _load_remote(spec, backend, tokenizer, name)
     if isinstance(spec, Model):
         if spec.backend_name == backend:
             return spec
@@ -224,7 +235,9 @@ def load_model(
 
     if isinstance(spec, (str, os.PathLike)):
         path = resolve_path(spec)
-        return _load_directory(path, backend, tokenizer, device, dtype, name or str(spec))
+        model = _load_directory(path, backend, tokenizer, device, dtype, name or str(spec))
+        model.source = str(path)
+        return model
 
     raise TypeError(
         f"cannot load a model from {type(spec).__name__}; pass 'world', a local directory, a hub "
@@ -268,6 +281,24 @@ def resolve_path(spec: str | os.PathLike) -> Path:
         f"`hf download {spec} --local-dir ./{Path(str(spec)).name}`, copy that folder here and pass "
         f"its path: load_model('./{Path(str(spec)).name}')."
     )
+
+
+def _load_remote(spec, backend: str, tokenizer, name: Optional[str]) -> Model:
+    """An nnsight handle whose traces run on NDIF: meta weights here, the real model there."""
+    if backend != "nnsight":
+        raise ValueError("remote=True needs backend='nnsight' (NDIF runs nnsight traces)")
+    if not isinstance(spec, str) or Path(spec).expanduser().exists():
+        raise ValueError(f"remote=True needs a hub name NDIF hosts (e.g. 'meta-llama/Llama-3.1-70B'), got {spec!r}")
+    from nnsight import TransformersModel
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = tokenizer or AutoTokenizer.from_pretrained(spec)
+    config = AutoConfig.from_pretrained(spec)
+    task = "text-generation" if _is_causal(config) else None
+    envoy = TransformersModel(spec, task=task, tokenizer=tok) if task else TransformersModel(spec, tokenizer=tok)
+    model = Model(backend_class(backend)(envoy._module, envoy=envoy, remote=True), tok, name or spec)
+    model.source = spec
+    return model
 
 
 def _load_directory(path: Path, backend: str, tokenizer, device, dtype, name: str) -> Model:

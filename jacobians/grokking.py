@@ -53,7 +53,7 @@ class ModularConfig:
 
 
 #: the paper's shape, scaled to a 2-core CPU
-CPU_CONFIG = ModularConfig(p=41, train_fraction=0.4, d_model=64, n_heads=4, d_mlp=256, lr=3e-3, steps=6000, eval_every=25)
+CPU_CONFIG = ModularConfig(p=41, train_fraction=0.5, d_model=64, n_heads=4, d_mlp=256, lr=3e-3, steps=5000, eval_every=100)
 
 
 class OneLayerTransformer(nn.Module):
@@ -161,7 +161,7 @@ def grokking_experiment(out: str | Path, config: ModularConfig = CPU_CONFIG, lam
             cfg = replace(config, grokalign=lam_c, seed=seed)
             if stem.with_suffix(".json").exists():
                 summary = json.loads(stem.with_suffix(".json").read_text())
-                if summary.get("config") == asdict(cfg):
+                if summary.get("config") == json.loads(json.dumps(asdict(cfg))):  # JSON has no tuples
                     rows.append(summary)
                     continue
             log, summary = train_modular(cfg, progress)

@@ -67,6 +67,9 @@ class ProbeSweep:
     top_k : k of ``top_k_accuracy`` and of the read-out's ranked answers.
     positions : where to read the subject (when capturing from a model).
     device, dtype : where and in what precision the probes are fitted.
+    sites_per_pass : with stored activations, load and fit this many sites at a time (default:
+        all). With :class:`~interp.ActivationStore` values, whose shards are memory-mapped, peak
+        memory is then one pass's features however large the store: out-of-core sweeps.
     """
 
     def __init__(
@@ -85,9 +88,11 @@ class ProbeSweep:
         max_iter: int = 1000,
         max_elements: int = 40_000_000,
         standardize: bool = True,
+        sites_per_pass: Optional[int] = None,
         progress: Optional[bool] = None,
     ):
         self.sites = sites
+        self.sites_per_pass = sites_per_pass
         self.folds = folds
         self.seeds = tuple(seeds)
         self.C = C
@@ -123,32 +128,52 @@ class ProbeSweep:
                 acts = capture(source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False)
                 features[p.relation.name] = {s: acts[s] for s in sites}
         else:
-            features = {}
-            for p in prepared:
-                if p.relation.name not in source:
-                    raise KeyError(f"no stored activations for relation {p.relation.name!r}; have {sorted(source)}")
-                stored = source[p.relation.name]
-                sites = list(self.sites or list(stored.keys()))
-                feats = {}
-                for s in sites:
-                    if s not in stored:
-                        raise KeyError(f"relation {p.relation.name!r} has no stored activations at {s!r}; have {sorted(stored)}")
-                    x = stored[s] if isinstance(stored[s], torch.Tensor) else torch.as_tensor(np.asarray(stored[s]))
-                    if x.shape[0] != len(p.relation):
-                        raise ValueError(
-                            f"relation {p.relation.name!r}: {x.shape[0]} rows of activations at {s!r} but "
-                            f"{len(p.relation)} samples; rows must follow the relation's samples one to one"
-                        )
-                    feats[s] = x[torch.as_tensor(p.keep)]
-                features[p.relation.name] = feats
-            model_name = model_name or "stored"
+            return self._run_stored(source, prepared, model_name or "stored")
+        self._check_finite(features)
+        rows, readout = self._fit_all(prepared, features, model_name)
+        self.readout_ = pd.DataFrame(readout)
+        return pd.DataFrame(rows)
+
+    def _run_stored(self, source, prepared, model_name: str) -> pd.DataFrame:
+        """Stored activations, ``sites_per_pass`` sites at a time: with :class:`~interp.ActivationStore`
+        values (memory-mapped shards) only those sites' rows are ever in memory."""
+        for p in prepared:
+            if p.relation.name not in source:
+                raise KeyError(f"no stored activations for relation {p.relation.name!r}; have {sorted(source)}")
+        first = source[prepared[0].relation.name]
+        sites = list(self.sites or list(first.keys()))
+        step = self.sites_per_pass or len(sites)
+        rows, readout = [], []
+        for i in range(0, len(sites), step):
+            features = {p.relation.name: {s: self._stored(source, p, s) for s in sites[i : i + step]} for p in prepared}
+            self._check_finite(features)
+            r, o = self._fit_all(prepared, features, model_name)
+            rows += r
+            readout += o
+            del features
+        self.readout_ = pd.DataFrame(readout)
+        return pd.DataFrame(rows)
+
+    @staticmethod
+    def _stored(source, p, site: str) -> torch.Tensor:
+        stored = source[p.relation.name]
+        if site not in stored:
+            raise KeyError(f"relation {p.relation.name!r} has no stored activations at {site!r}; have {sorted(stored.keys())}")
+        x = stored[site]
+        x = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+        if x.shape[0] != len(p.relation):
+            raise ValueError(
+                f"relation {p.relation.name!r}: {x.shape[0]} rows of activations at {site!r} but "
+                f"{len(p.relation)} samples; rows must follow the relation's samples one to one"
+            )
+        return x[torch.as_tensor(p.keep)]
+
+    @staticmethod
+    def _check_finite(features) -> None:
         for name, feats in features.items():
             for s, x in feats.items():
                 if not torch.isfinite(x.float()).all():
                     raise ValueError(f"activations of relation {name!r} at {s!r} contain NaN or inf; check the capture (dtype overflow?)")
-        rows, readout = self._fit_all(prepared, features, model_name)
-        self.readout_ = pd.DataFrame(readout)
-        return pd.DataFrame(rows)
 
     # ------------------------------------------------------------------------------------------
     def _quiet(self, n):

@@ -176,3 +176,42 @@ def test_lre_bad_layer(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
     with pytest.raises(ValueError, match="layer must be in"):
         LinearRelationalEmbedding(model, layer=1)
+
+
+def test_grokking_runs_resume_and_track(tmp_path):
+    from dataclasses import replace
+
+    from jacobians.dynamics import from_log, track, trajectory_plot
+    from jacobians.grokking import CPU_CONFIG, grokking_experiment, load_logs, train_modular
+
+    cfg = replace(CPU_CONFIG, p=11, steps=40, eval_every=10, d_model=16, d_mlp=32)
+    log, summary = train_modular(replace(cfg, grokalign=1e-3))
+    assert list(log.step) == [0, 10, 20, 30, 40] and log.centroid_alignment.between(-1, 1).all()
+    assert summary["grok_step"] is None or summary["grok_step"] <= 40
+    again, _ = train_modular(replace(cfg, grokalign=1e-3))
+    assert log.drop(columns="seconds").equals(again.drop(columns="seconds"))  # same seed, same numbers
+    table = grokking_experiment(tmp_path, cfg, seeds=(0,))
+    stamp = (tmp_path / "runs" / "grokalign_seed0.json").stat().st_mtime_ns
+    grokking_experiment(tmp_path, cfg, seeds=(0,))  # finished runs are reused, not redone
+    assert (tmp_path / "runs" / "grokalign_seed0.json").stat().st_mtime_ns == stamp
+    assert set(table.condition) == {"weight_decay", "grokalign"}
+    fig = trajectory_plot(from_log(load_logs(tmp_path).drop(columns=["condition", "seed"])))
+    assert len(fig.data) == 3
+    df = track([(0, 1.0), (10, 2.0)], {"double": lambda c: 2 * c, "pair": lambda c: {"a": c, "b": -c}})
+    assert df.value.tolist() == [2.0, 1.0, -1.0, 4.0, 2.0, -2.0]
+
+
+def test_icl_subspaces_smoke():
+    from interp.icl import SubspaceTasks, evaluate_icl, task_vector_readability, train_icl
+
+    task = SubspaceTasks(d=6, n_subspaces=2, rank=2, n_examples=8)
+    with pytest.raises(ValueError, match="do not fit"):
+        SubspaceTasks(d=3, n_subspaces=2, rank=2)
+    w = task.task_vectors(50, 0, torch.Generator().manual_seed(0))
+    assert torch.allclose(w @ task.bases[1], torch.zeros(50, 2), atol=1e-5)  # subspace 0 is orthogonal to 1
+    model, log = train_icl(task, [0, 1], steps=60, d_model=32, n_layers=2)
+    assert log.loss.iloc[-1] < log.loss.iloc[0]
+    errors = evaluate_icl(model, task, n=200)
+    assert set(errors.test) == {"subspace 0", "subspace 1", "span", "full"}
+    probe = task_vector_readability(model, task, n=200)
+    assert len(probe) == 3 and probe.r2.notna().all()

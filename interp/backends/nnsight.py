@@ -23,10 +23,14 @@ _SERVED = frozenset({"output", "input", "inputs", "source"})
 class NNsightBackend(Backend):
     name = "nnsight"
 
-    def __init__(self, hf_model: torch.nn.Module):
+    def __init__(self, hf_model: torch.nn.Module, envoy=None, remote: bool = False):
+        """``envoy``: an nnsight model wrapping ``hf_model`` (default: ``NNsight(hf_model)``);
+        ``remote=True`` runs every trace on NDIF (the envoy must be remotable, e.g. a
+        ``nnsight.TransformersModel`` built from a hub name)."""
         from nnsight import NNsight
 
         self._hf_model = hf_model
+        self.remote = remote
         config = hf_model.config
         self.arch = architecture_for(config)
         self.info = arch_info(config)
@@ -40,7 +44,7 @@ class NNsightBackend(Backend):
         self._pass_position_ids = accepts_position_ids(hf_model)
         with warnings.catch_warnings():  # BERT's `.output` submodules: handled in _envoy_at
             warnings.filterwarnings("ignore", message=".*which nnsight already serves.*")
-            self.envoy = NNsight(hf_model)
+            self.envoy = envoy if envoy is not None else NNsight(hf_model)
 
     @property
     def hf_model(self) -> torch.nn.Module:
@@ -85,6 +89,8 @@ class NNsightBackend(Backend):
             kwargs["position_ids"] = position_ids
         groups = self._groups(hooks or {})
         info = self.info
+        if self.remote:
+            kwargs["remote"] = True
         with self.envoy.trace(**kwargs):
             for (path, io), items in groups.items():
                 envoy = self._envoy_at(path)

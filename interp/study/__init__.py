@@ -16,12 +16,14 @@ from .study import Job, Study, StudyConfig, StudyResult
 
 def run_study(model="world", relations: Optional[Sequence] = None, out: str | Path = "results/study",
               config: Optional[StudyConfig] = None, backend: str = "nnsight", progress: Optional[bool] = None,
-              max_jobs: Optional[int] = None, **overrides) -> StudyResult:
+              max_jobs: Optional[int] = None, executor=None, **overrides) -> StudyResult:
     """Run (or resume) the study.
 
     ``model``: ``"world"`` (or a world checkpoint directory) uses the world's relations, labels
     and exact subject frequencies; any other model spec needs ``relations`` (Relation objects or
     paths to relation JSON files, LRE or project format). ``overrides``: StudyConfig fields.
+    ``executor``: where the fine-tunes run (``"serial"``, ``"ray"`` or an
+    :class:`~interp.executors.Executor`); results are identical either way.
     """
     import interp
     from interp.relations import Relation, from_world, load_relations
@@ -50,7 +52,7 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
         paths = [r for r in relations if not isinstance(r, Relation)]
         rels += load_relations(paths) if paths else []
     study = Study(handle, rels, out, config, labels=labels, subject_frequency=frequency, frequency_source=source, progress=progress)
-    return study.run(max_jobs=max_jobs)
+    return study.run(max_jobs=max_jobs, executor=executor)
 
 
 def _is_world(model) -> bool:

@@ -275,25 +275,38 @@ class Study:
         return None if self.progress is None else not self.progress
 
     # the whole study ---------------------------------------------------------------------------
-    def run(self, max_jobs: Optional[int] = None) -> "StudyResult":
+    def run(self, max_jobs: Optional[int] = None, executor=None) -> "StudyResult":
         """Run (or resume) the study; ``max_jobs`` stops after that many new fine-tunes (for
-        budgeting, and to test resumption)."""
+        budgeting, and to test resumption). ``executor``: where the fine-tunes run
+        (:mod:`interp.executors`: ``"serial"`` by default, ``"ray"`` or an Executor)."""
+        from ..executors import SerialExecutor, executor_for
+
         self._check_folder()
         readability, readout = self._readability()
         pretrained = self._pretrained()
         best = self._best_layers(readability)
         jobs = self.jobs()
-        results, new = [], 0
-        bar = tqdm(jobs, desc="fine-tunes", unit="job", disable=self._quiet())
-        for job in bar:
-            done = (self.out / "runs" / f"{job.id}.json").exists()
-            if not done and max_jobs is not None and new >= max_jobs:
-                break
-            results.append(self._run_job(job, readout, pretrained, best[job.relation]))
-            new += not done
-        bar.close()
-        if len(results) < len(jobs):
+        todo = [j for j in jobs if not (self.out / "runs" / f"{j.id}.json").exists()]
+        if max_jobs is not None:
+            todo = todo[:max_jobs]
+        ex = executor_for(executor)
+        if isinstance(ex, SerialExecutor):
+            if ex.progress is None:
+                ex.progress = self.progress
+            ex.map(lambda job: self._run_job(job, readout, pretrained, best[job.relation]), todo,
+                   labels=[j.id for j in todo], desc="fine-tunes")
+        elif todo:
+            if self.model.source is None:
+                raise ValueError("a distributed study reloads the model in each worker: load it from a directory or "
+                                 "a name (interp.load_model(path)), not from an object in memory")
+            payloads = [RemoteJob(self.model.source, self.model.backend_name, self.relations[j.relation], self.out,
+                                  self.config, self.labels, j, _rows_of(readout, j.relation, best[j.relation]),
+                                  pretrained[pretrained.relation == j.relation], best[j.relation]) for j in todo]
+            ex.map(run_remote_job, payloads, labels=[j.id for j in todo], desc="fine-tunes")
+        done = [j for j in jobs if (self.out / "runs" / f"{j.id}.json").exists()]
+        if len(done) < len(jobs):
             return StudyResult(self.out, complete=False)
+        results = [json.loads((self.out / "runs" / f"{j.id}.json").read_text()) for j in jobs]
         from .summary import summarize
 
         summarize(self, readability, readout, pretrained, results, best)
@@ -311,3 +324,44 @@ class StudyResult:
     @property
     def summary(self) -> dict:
         return json.loads((self.out / "summary.json").read_text())
+
+
+def _rows_of(readout: pd.DataFrame, relation: str, layer: int) -> pd.DataFrame:
+    return readout[(readout.relation == relation) & (readout.layer == layer)]
+
+
+@dataclass
+class RemoteJob:
+    """Everything a worker needs to run one fine-tune of a study (picklable)."""
+
+    source: str
+    backend: str
+    relation: Relation
+    out: Path
+    config: StudyConfig
+    labels: dict
+    job: Job
+    readout: pd.DataFrame
+    pretrained: pd.DataFrame
+    best_layer: int
+
+
+_WORKER_MODELS: dict = {}
+
+
+def run_remote_job(rj: RemoteJob) -> dict:
+    """Run one study job in a worker (the model is loaded once per worker process).
+
+    ``INTERP_CRASH_JOB=<job id>`` in a worker's environment makes that job kill its worker
+    process (fault injection for testing recovery)."""
+    import os
+
+    from ..models import load_model
+
+    if os.environ.get("INTERP_CRASH_JOB") == rj.job.id:
+        os._exit(1)
+    key = (rj.source, rj.backend)
+    if key not in _WORKER_MODELS:
+        _WORKER_MODELS[key] = load_model(rj.source, backend=rj.backend)
+    study = Study(_WORKER_MODELS[key], [rj.relation], rj.out, rj.config, labels=rj.labels, progress=False)
+    return study._run_job(rj.job, rj.readout, rj.pretrained, rj.best_layer)

@@ -1,0 +1,144 @@
+"""Executors: where a study's independent jobs run.
+
+A study is many independent jobs (here: one fine-tune per relation x method x seed x label
+category), each carrying its own seed and writing its own result file atomically when it
+finishes. An executor only decides *where* they run:
+
+- :class:`SerialExecutor` (the default): one after another in this process;
+- :class:`RayExecutor`: as Ray tasks on a Ray cluster (``ray.init()`` locally, or
+  ``address="auto"`` / ``"ray://head:10001"`` for an existing cluster), one GPU per task when the
+  cluster has GPUs. Install with ``pip install -e ".[ray]"``.
+
+Because every job is seeded and writes its result as it finishes, results are identical whichever
+executor runs them, a crashed worker or a killed driver loses no finished job, and rerunning the
+study runs only what is missing. Jobs that fail are collected and reported together
+(:class:`JobsFailedError`) after every other job has finished.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Optional, Sequence
+
+from tqdm.auto import tqdm
+
+
+class JobsFailedError(RuntimeError):
+    """Some jobs failed; ``failures`` maps each failed item's index to its error."""
+
+    def __init__(self, failures: dict[int, BaseException], labels: Sequence[str]):
+        self.failures = failures
+        lines = "\n".join(f"  {labels[i]}: {type(e).__name__}: {e}" for i, e in sorted(failures.items()))
+        super().__init__(f"{len(failures)} job(s) failed (finished jobs are saved; rerun to retry only these):\n{lines}")
+
+
+class Executor(ABC):
+    name: str = "executor"
+
+    @abstractmethod
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], on_result: Optional[Callable[[int, Any], None]] = None,
+            labels: Optional[Sequence[str]] = None, desc: str = "jobs") -> list:
+        """``fn`` on every item; ``on_result(index, result)`` as each finishes; results in item order."""
+
+
+class SerialExecutor(Executor):
+    name = "serial"
+
+    def __init__(self, progress: Optional[bool] = None):
+        self.progress = progress
+
+    def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
+        labels = list(labels or map(str, range(len(items))))
+        results, failures = [None] * len(items), {}
+        for i, item in enumerate(tqdm(items, desc=desc, disable=None if self.progress is None else not self.progress)):
+            try:
+                results[i] = fn(item)
+            except Exception as err:  # keep going: every other job still runs and is saved
+                failures[i] = err
+                continue
+            if on_result:
+                on_result(i, results[i])
+        if failures:
+            raise JobsFailedError(failures, labels)
+        return results
+
+
+class RayExecutor(Executor):
+    """Run jobs as Ray tasks.
+
+    Parameters
+    ----------
+    address : a running cluster's address (None: start or reuse a local one)
+    num_cpus : CPUs reserved per task (and torch threads inside it)
+    num_gpus : GPUs per task (None: 1 when the cluster has GPUs, else 0)
+    max_retries : Ray's automatic retries of a task whose worker died
+    init_kwargs : passed to ``ray.init`` (e.g. ``num_cpus=2`` for a local cluster)
+    runtime_env : Ray runtime environment for the tasks (env vars, working dir, ...)
+    """
+
+    name = "ray"
+
+    def __init__(self, address: Optional[str] = None, num_cpus: float = 1, num_gpus: Optional[float] = None,
+                 max_retries: int = 3, init_kwargs: Optional[dict] = None, runtime_env: Optional[dict] = None,
+                 progress: Optional[bool] = None):
+        self.address, self.num_cpus, self.num_gpus = address, num_cpus, num_gpus
+        self.max_retries, self.init_kwargs, self.runtime_env = max_retries, dict(init_kwargs or {}), runtime_env
+        self.progress = progress
+
+    def _ray(self):
+        try:
+            import ray
+        except ImportError as err:
+            raise ImportError("the Ray executor needs ray: pip install -e \".[ray]\" (or pip install ray)") from err
+        if not ray.is_initialized():
+            kwargs = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
+            ray.init(address=self.address, **kwargs)
+        return ray
+
+    def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
+        ray = self._ray()
+        labels = list(labels or map(str, range(len(items))))
+        gpus = self.num_gpus
+        if gpus is None:
+            gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        options = {"num_cpus": self.num_cpus, "num_gpus": gpus, "max_retries": self.max_retries}
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        task = ray.remote(_call_with_threads).options(**options)
+        refs = {task.remote(fn, item, max(1, int(self.num_cpus))): i for i, item in enumerate(items)}
+        pending = list(refs)
+        results, failures = [None] * len(items), {}
+        bar = tqdm(total=len(items), desc=f"{desc} (ray)", disable=None if self.progress is None else not self.progress)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                i = refs[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as err:  # a failed task, or a worker that died past its retries
+                    failures[i] = err
+                else:
+                    if on_result:
+                        on_result(i, results[i])
+                bar.update(1)
+        bar.close()
+        if failures:
+            raise JobsFailedError(failures, labels)
+        return results
+
+
+def _call_with_threads(fn, item, threads: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    return fn(item)
+
+
+def executor_for(spec) -> Executor:
+    """An executor from ``None``/``"serial"``, ``"ray"`` or an Executor."""
+    if spec is None or spec == "serial":
+        return SerialExecutor()
+    if spec == "ray":
+        return RayExecutor()
+    if isinstance(spec, Executor):
+        return spec
+    raise ValueError(f"unknown executor {spec!r}; use 'serial', 'ray' or an Executor instance")

@@ -1,0 +1,184 @@
+"""Scale-out: the Ray executor, crash recovery, out-of-core probe sweeps, the remote code path."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from interp.executors import JobsFailedError, RayExecutor, SerialExecutor
+
+RELATIONS = ["continent", "hand", "season"]
+
+
+def _config():
+    from interp.study import FinetuneConfig, StudyConfig
+
+    return StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0, 1), finetune_seeds=(0,), other_categories=(),
+                       folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=30, check_every=10))
+
+
+def _tables(out: Path) -> dict[str, pd.DataFrame]:
+    return {name: pd.read_csv(out / f"{name}.csv") for name in ("relations", "stats", "predictions", "finetunes")}
+
+
+def _assert_same(a: dict, b: dict):
+    for name in a:
+        pd.testing.assert_frame_equal(a[name], b[name], check_exact=False, rtol=1e-6, obj=name)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serial_study(tmp_path_factory):
+    from interp.study import run_study
+
+    out = tmp_path_factory.mktemp("serial")
+    run_study("world", RELATIONS, out=out, config=_config(), progress=False, executor=SerialExecutor())
+    return out
+
+
+@pytest.mark.slow
+def test_ray_study_equals_serial(ray_cluster, serial_study, tmp_path):
+    from interp.study import run_study
+
+    result = run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False,
+                       executor=RayExecutor(num_cpus=1))
+    assert result.complete
+    _assert_same(_tables(serial_study), _tables(tmp_path))
+
+
+@pytest.mark.slow
+def test_killed_worker_loses_nothing_and_restart_recomputes_nothing(ray_cluster, serial_study, tmp_path):
+    from interp.study import Study, run_study
+
+    jobs = [j.id for j in Study.jobs(_FakeStudy())]
+    victim = jobs[1]
+    crash = RayExecutor(num_cpus=1, max_retries=0, runtime_env={"env_vars": {"INTERP_CRASH_JOB": victim}})
+    with pytest.raises(JobsFailedError, match=victim):
+        run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False, executor=crash)
+    runs = tmp_path / "runs"
+    finished = {p.stem: p.stat().st_mtime_ns for p in runs.glob("*.json")}
+    assert victim not in finished and len(finished) == len(jobs) - 1  # every other job finished and was saved
+    result = run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False,
+                       executor=RayExecutor(num_cpus=1))
+    assert result.complete
+    for stem, mtime in finished.items():  # finished jobs were not recomputed
+        assert (runs / f"{stem}.json").stat().st_mtime_ns == mtime
+    assert (runs / f"{victim}.json").exists()
+    _assert_same(_tables(serial_study), _tables(tmp_path))
+
+
+class _FakeStudy:
+    """The job list of the study above, without loading a model."""
+
+    def __init__(self):
+        self.config = _config()
+        self.relations = {r: None for r in RELATIONS}
+
+
+def test_serial_executor_collects_failures():
+    def fn(x):
+        if x == 2:
+            raise RuntimeError("boom")
+        return x * 10
+
+    seen = []
+    with pytest.raises(JobsFailedError, match="job-2: RuntimeError: boom"):
+        SerialExecutor(progress=False).map(fn, [1, 2, 3], on_result=lambda i, r: seen.append(r),
+                                           labels=["job-1", "job-2", "job-3"])
+    assert seen == [10, 30]  # the other jobs still ran
+
+
+def test_distributed_study_needs_a_model_on_disk(model_dirs):
+    import interp
+    from interp.relations import Relation
+    from interp.study import Study
+
+    model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
+    assert model.source == str(model_dirs["gpt2"])
+    in_memory = interp.load_model(model.hf_model, backend="nnsight", tokenizer=model.tokenizer)
+    assert in_memory.source is None
+
+
+# --- out-of-core probe sweeps ------------------------------------------------------------------------------
+def _synthetic_store(root: Path, n: int = 12000, d: int = 256, n_sites: int = 8) -> Path:
+    from interp.store import ActivationStore
+
+    gen = torch.Generator().manual_seed(0)
+    answers = torch.randint(0, 4, (n,), generator=gen)
+    means = torch.randn(4, d, generator=gen)
+    store = ActivationStore(root)
+    sites = [f"blocks.{i}.hook_resid_post" for i in range(n_sites)]
+    shard = 2000
+    store.prepare({"model": "synthetic", "data": "synthetic", "sites": sites, "dtype": "float32"}, n, shard)
+    for k in range(-(-n // shard)):
+        rows = slice(k * shard, min(n, (k + 1) * shard))
+        store.write_shard(k, {s: (means[answers[rows]] * (0.05 * (i + 1)) + torch.randn(rows.stop - rows.start, d, generator=gen))
+                              for i, s in enumerate(sites)})
+    (root / "labels.json").write_text(json.dumps({"subjects": [f"s{i}" for i in range(n)],
+                                                 "answers": [f"a{int(a)}" for a in answers]}))
+    return root
+
+
+def _sweep(store: Path, mode: str, tmp_path: Path) -> tuple[dict, pd.DataFrame]:
+    script = Path(__file__).parent / "out_of_core_sweep.py"
+    csv = tmp_path / f"{mode}.csv"
+    out = subprocess.run([sys.executable, str(script), str(store), mode, str(csv)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]), pd.read_csv(csv)
+
+
+@pytest.mark.slow
+def test_out_of_core_sweep_stays_under_a_memory_cap(tmp_path):
+    store = _synthetic_store(tmp_path / "store")
+    cap_mb = 60.0
+    ooc, ooc_table = _sweep(store, "out_of_core", tmp_path)
+    mem, mem_table = _sweep(store, "in_memory", tmp_path)
+    assert ooc["store_mb"] > cap_mb  # the store is larger than the cap
+    assert ooc["peak_growth_mb"] < cap_mb, ooc
+    assert mem["peak_growth_mb"] > cap_mb, mem  # holding it all would not fit
+    key = ["relation", "site", "seed", "fold"]
+    a = ooc_table.sort_values(key).reset_index(drop=True)
+    b = mem_table.sort_values(key).reset_index(drop=True)
+    pd.testing.assert_series_equal(a.accuracy, b.accuracy)
+
+
+# --- remote models ---------------------------------------------------------------------------------------
+def test_remote_capture_reaches_the_ndif_request(tmp_path):
+    import os
+    import shutil
+
+    snapshot = tmp_path / "hf" / "hub" / "models--interp-test--tiny" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for f in (Path(__file__).resolve().parent.parent / "interp" / "checkpoints" / "induction").iterdir():
+        shutil.copy(f, snapshot / f.name)
+    refs = snapshot.parent.parent / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(Path(__file__).parent / "remote_request.py")], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["reached"] and '"repo_id": "interp-test/tiny"' in result["model_key"]
+    assert result["device"] == "cpu" and result["bytes"] > 0  # inputs stay local; the intervention was serialized
+
+
+def test_remote_needs_nnsight_and_a_hub_name(model_dirs):
+    import interp
+
+    with pytest.raises(ValueError, match="backend='nnsight'"):
+        interp.load_model("gpt2", backend="transformer_lens", remote=True)
+    with pytest.raises(ValueError, match="hub name"):
+        interp.load_model(str(model_dirs["gpt2"]), backend="nnsight", remote=True)

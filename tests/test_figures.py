@@ -1,0 +1,64 @@
+"""Paper figures: static exports have the requested size; every figure regenerates from saved data."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from interp.plots import SIZES, export, style
+
+
+def _pdf_size(path) -> tuple[float, float]:
+    data = path.read_bytes()
+    m = re.search(rb"/MediaBox\s*\[\s*([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*\]", data)
+    assert m, "no MediaBox in the PDF"
+    x0, y0, x1, y1 = map(float, m.groups())
+    return x1 - x0, y1 - y0
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_static_exports_have_the_requested_size(tmp_path, size):
+    from PIL import Image
+
+    fig = style(go.Figure(go.Scatter(x=[0, 1, 2], y=[1, 3, 2], name="a")), size)
+    width, height = SIZES[size]
+    paths = {p.suffix: p for p in export(fig, tmp_path / "fig", ("png", "svg", "pdf", "html"))}
+    for p in paths.values():
+        assert p.stat().st_size > 1000, p
+    with Image.open(paths[".png"]) as img:
+        assert img.size == (width, height)
+    svg = paths[".svg"].read_text()
+    assert re.search(rf'width="{width}(\.0+)?(px)?"', svg) and re.search(rf'height="{height}(\.0+)?(px)?"', svg)
+    w, h = _pdf_size(paths[".pdf"])
+    assert w / h == pytest.approx(width / height, rel=0.01)  # same aspect; PDF units are points
+    assert "plotly" in paths[".html"].read_text()[:5000].lower()
+
+
+def test_regenerate_every_figure_of_a_results_folder(tmp_path):
+    from typer.testing import CliRunner
+
+    from circuits.figures import save_table
+    from interp.cli import app
+
+    root = tmp_path / "results"
+    pp = pd.DataFrame({"sender": ["L0H0", "embed"], "receiver": ["L1H0.k", "L1H1.v"], "sender_layer": [0, -1],
+                       "sender_head": [0, None], "receiver_layer": [1, 1], "receiver_head": [0, 1],
+                       "receiver_input": ["k", "v"], "score": [-1.0, -0.5], "normalized": [0.4, 0.2]})
+    pp.attrs["target_score"] = 0.0
+    save_table(pp, root / "circuits", "path_patching")
+    runs = root / "grok" / "runs"
+    runs.mkdir(parents=True)
+    pd.DataFrame({"step": [0, 100], "train_accuracy": [0.1, 1.0], "test_accuracy": [0.05, 0.9],
+                  "centroid_alignment": [0.1, -0.2], "seconds": [0, 1], "condition": "weight_decay", "seed": 0}
+                 ).to_csv(runs / "weight_decay_seed0.csv", index=False)
+    pd.DataFrame({"condition": ["weight_decay"], "seed": [0], "grok_step": [100]}).to_csv(root / "grok" / "grokking.csv")
+    result = CliRunner().invoke(app, ["figures", str(root), "--formats", "html,png"])
+    assert result.exit_code == 0, result.output
+    assert (root / "circuits" / "figures" / "circuit_path_patching.png").stat().st_size > 5000
+    assert (root / "grok" / "figures" / "dynamics_weight_decay_seed0.png").stat().st_size > 5000
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(app, ["figures", str(empty)])
+    assert result.exit_code != 0 and "no saved results" in str(result.exception)
