@@ -68,7 +68,10 @@ class RayExecutor(Executor):
     Parameters
     ----------
     address : a running cluster's address (None: start or reuse a local one)
-    num_cpus : CPUs reserved per task (and torch threads inside it)
+    num_cpus : CPUs reserved per task
+    threads : torch threads inside each task (default: this process's ``torch.get_num_threads()``,
+        so float reductions, and with them every number, match a serial run bit for bit; set it to
+        ``num_cpus`` to avoid oversubscribing a small machine, at the price of last-digit differences)
     num_gpus : GPUs per task (None: 1 when the cluster has GPUs, else 0)
     max_retries : Ray's automatic retries of a task whose worker died
     init_kwargs : passed to ``ray.init`` (e.g. ``num_cpus=2`` for a local cluster)
@@ -79,8 +82,9 @@ class RayExecutor(Executor):
 
     def __init__(self, address: Optional[str] = None, num_cpus: float = 1, num_gpus: Optional[float] = None,
                  max_retries: int = 3, init_kwargs: Optional[dict] = None, runtime_env: Optional[dict] = None,
-                 progress: Optional[bool] = None):
+                 threads: Optional[int] = None, progress: Optional[bool] = None):
         self.address, self.num_cpus, self.num_gpus = address, num_cpus, num_gpus
+        self.threads = threads
         self.max_retries, self.init_kwargs, self.runtime_env = max_retries, dict(init_kwargs or {}), runtime_env
         self.progress = progress
 
@@ -104,7 +108,10 @@ class RayExecutor(Executor):
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
         task = ray.remote(_call_with_threads).options(**options)
-        refs = {task.remote(fn, item, max(1, int(self.num_cpus))): i for i, item in enumerate(items)}
+        import torch
+
+        threads = self.threads or torch.get_num_threads()
+        refs = {task.remote(fn, item, threads): i for i, item in enumerate(items)}
         pending = list(refs)
         results, failures = [None] * len(items), {}
         bar = tqdm(total=len(items), desc=f"{desc} (ray)", disable=None if self.progress is None else not self.progress)

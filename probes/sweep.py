@@ -67,6 +67,8 @@ class ProbeSweep:
     top_k : k of ``top_k_accuracy`` and of the read-out's ranked answers.
     positions : where to read the subject (when capturing from a model).
     device, dtype : where and in what precision the probes are fitted.
+    readout : keep every test subject's ranked answers in ``readout_`` (one row per subject, site
+        and fold; turn off for very large sweeps, whose read-out would outgrow the features).
     sites_per_pass : with stored activations, load and fit this many sites at a time (default:
         all). With :class:`~interp.ActivationStore` values, whose shards are memory-mapped, peak
         memory is then one pass's features however large the store: out-of-core sweeps.
@@ -89,8 +91,10 @@ class ProbeSweep:
         max_elements: int = 40_000_000,
         standardize: bool = True,
         sites_per_pass: Optional[int] = None,
+        readout: bool = True,
         progress: Optional[bool] = None,
     ):
+        self.readout = readout
         self.sites = sites
         self.sites_per_pass = sites_per_pass
         self.folds = folds
@@ -295,7 +299,7 @@ class ProbeSweep:
                 "log_loss": -lp.gather(1, yl[:, None]).mean().item(),
                 "n_train": int((~test).sum()), "n_test": int(test.sum()), "converged": bool(converged[k]),
             }
-            if kind == "task":
+            if kind == "task" and self.readout:
                 order = logp[k].argsort(-1, descending=True)
                 for i in np.flatnonzero(p.folds[si] == fold):
                     ranked = [p.classes[j] for j in order[i, :k_top].tolist()]

@@ -31,7 +31,8 @@ def main():
     store = ActivationStore(root)
     meta = json.loads((ActivationStore(root).root / "labels.json").read_text())
     relation = Relation("synthetic", meta["subjects"], meta["answers"])
-    sweep = ProbeSweep(folds=3, control=False, sites_per_pass=1 if mode == "out_of_core" else None, progress=False)
+    sweep = ProbeSweep(folds=3, control=False, readout=False, progress=False,
+                       sites_per_pass=1 if mode == "out_of_core" else None)
     base = rss_anon_mb()
     peak = [base]
     running = [True]
