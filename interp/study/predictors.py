@@ -6,8 +6,9 @@ subject?). Two other notions of "linear before fine-tuning" come from :mod:`jaco
 - **LRE faithfulness / causality** (Hernandez et al. 2024): is the map from the subject's state
   at layer ``l`` to the final state a linear operator that predicts (and can edit) the answer?
 - **Jacobian alignment** (GrokAlign): how far the last-position logits' Jacobian with respect to
-  the subject's last token embedding is aligned with that embedding (centroid alignment
-  ``cos(J^T 1, x)``, and the share of the Jacobian's energy along ``x``).
+  the subject's last token embedding is aligned with that embedding, measured by the centroid
+  alignment ``cos(J^T 1, x)`` (one vector-Jacobian product per prompt; the full per-row measures
+  need the whole ``vocab x d_model`` Jacobian per prompt, minutes per relation on a CPU).
 
 :func:`relation_predictors` measures them per relation; :func:`compare_predictors` correlates
 every predictor with a finished study's generalization, side by side with readability, and
@@ -26,10 +27,10 @@ from .stats import pearson, spearman
 
 
 def relation_predictors(model, relations, layer: Optional[int] = None, beta: float = 1.0, n_test: int = 40,
-                        n_alignment: int = 32, seed: int = 0, progress: Optional[bool] = None) -> pd.DataFrame:
-    """One row per relation: ``lre_faithfulness``, ``lre_causality``, ``centroid_alignment``,
-    ``jacobian_alignment`` (subject-last token embedding -> last-position logits)."""
-    from jacobians import LinearRelationalEmbedding, jacobian_alignment
+                        n_alignment: int = 64, seed: int = 0, progress: Optional[bool] = None) -> pd.DataFrame:
+    """One row per relation: ``lre_faithfulness``, ``lre_causality``, ``centroid_alignment``
+    (subject-last token embedding -> last-position logits)."""
+    from jacobians import LinearRelationalEmbedding, centroid_alignment
 
     layer = model.n_layers // 2 - 1 if layer is None else layer
     lre = LinearRelationalEmbedding(model, layer, beta=beta, icl=False)
@@ -39,15 +40,14 @@ def relation_predictors(model, relations, layer: Optional[int] = None, beta: flo
         rng = np.random.default_rng(seed)
         pick = rng.choice(len(r), size=min(n_alignment, len(r)), replace=False)
         prompts = [r.prompts()[i] for i in sorted(pick)]
-        align = jacobian_alignment(model, prompts, wrt="hook_embed", of="logits", wrt_position="subject_last")
+        align = centroid_alignment(model, prompts, wrt="hook_embed", of="logits", wrt_position="subject_last")
         rows.append({"relation": r.name, "lre_layer": layer, "lre_beta": beta, "lre_faithfulness": res["faithfulness"],
                      "lre_causality": res["causality"], "lre_agreement": res["agreement"],
-                     "centroid_alignment": float(align.centroid_alignment.mean()),
-                     "jacobian_alignment": float(align.alignment.mean())})
+                     "centroid_alignment": float(align.centroid_alignment.mean())})
     return pd.DataFrame(rows)
 
 
-PREDICTORS = ["readability_best_cc", "lre_faithfulness", "lre_causality", "centroid_alignment", "jacobian_alignment"]
+PREDICTORS = ["readability_best_cc", "lre_faithfulness", "lre_causality", "centroid_alignment"]
 
 
 def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: Optional[int] = None,

@@ -8,7 +8,7 @@ token with respect to the layer-0 residual stream at the subject's last token (t
 - a per-example loop calling ``torch.autograd.functional.jacobian`` (one output row per backward);
 - the same loop with ``vectorize=True`` (vmap over outputs, but one example at a time).
 
-    python benchmarks/jacobians.py [--prompts 32] [--backend nnsight]
+    python benchmarks/jacobian_batching.py [--prompts 32] [--backend nnsight]
 """
 from __future__ import annotations
 
