@@ -173,6 +173,7 @@ def circuits_induction(
     model: str = typer.Option("induction", help="'induction' (shipped) or a trained induction model directory"),
     backend: str = typer.Option("nnsight", help="transformer_lens or nnsight"),
     pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+    formats: str = typer.Option("html,png,svg,pdf", help="figure formats, comma-separated"),
 ):
     """Activation, path and attribution patching on the induction-head model, with figures."""
     import json
@@ -182,7 +183,7 @@ def circuits_induction(
     from circuits.induction import analyze_induction
 
     summary = analyze_induction(interp.load_model(model, backend=backend), out, n_pairs=pairs)
-    write_figures(out)
+    write_figures(out, tuple(formats.split(",")))
     typer.echo(json.dumps(summary, indent=1))
     typer.echo(f"tables and figures in {out}")
 

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from .jacobian import jacobian, vjp
+from .jacobian import vjp
 
 Tensor = torch.Tensor
 
@@ -73,16 +73,11 @@ def centroid_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logit
 def jacobian_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
                        of_position="last", batch_size: int = 16, x: Optional[Tensor] = None) -> pd.DataFrame:
     """All alignment measures per prompt, from full per-example Jacobians."""
-    from .jacobian import _positions, forward_with_input
-    from interp.prompts import as_prompts
+    from .jacobian import _check_order, batches, forward_with_input, jacobian_of
 
-    prompts = as_prompts(prompts)
+    _check_order(model, wrt, of)
     frames = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i : i + batch_size]
-        batch = model.batch(model.encode(chunk), "right")
-        wpos, opos = _positions(model, chunk, batch, wrt_position), _positions(model, chunk, batch, of_position)
-        xs, _ = forward_with_input(model, batch, wrt, of, wpos, opos)
-        J = jacobian(model, chunk, wrt, of, wrt_position, of_position, batch_size=len(chunk))
-        frames.append(alignment_scores(J, xs.detach()))
+    for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
+        xs, y = forward_with_input(model, batch, wrt, of, wpos, opos)
+        frames.append(alignment_scores(jacobian_of(y, xs).detach(), xs.detach()))
     return pd.concat(frames, ignore_index=True)

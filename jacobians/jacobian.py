@@ -54,6 +54,15 @@ def _positions(model, prompts, batch: Batch, spec) -> Tensor:
     return torch.tensor(out)
 
 
+def batches(model, prompts, batch_size: int, wrt_position, of_position):
+    """``(chunk, batch, input positions, output positions)`` for each batch of prompts."""
+    prompts = as_prompts(prompts)
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i : i + batch_size]
+        batch = model.batch(model.encode(chunk), "right")
+        yield chunk, batch, _positions(model, chunk, batch, wrt_position), _positions(model, chunk, batch, of_position)
+
+
 def forward_with_input(model, batch: Batch, wrt: str, of: str, wrt_pos: Tensor, of_pos: Tensor,
                        x: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Run with the input site's value at ``wrt_pos`` taken from leaf ``x`` (default: its own value,
@@ -89,12 +98,8 @@ def jacobian(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_po
     if method not in ("vmap", "loop"):
         raise ValueError(f"method must be 'vmap' or 'loop', got {method!r}")
     _check_order(model, wrt, of)
-    prompts = as_prompts(prompts)
     out = []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i : i + batch_size]
-        batch = model.batch(model.encode(chunk), "right")
-        wpos, opos = _positions(model, chunk, batch, wrt_position), _positions(model, chunk, batch, of_position)
+    for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
         x, y = forward_with_input(model, batch, wrt, of, wpos, opos)
         out.append(jacobian_of(y, x, method).detach())
     return torch.cat(out)
@@ -130,14 +135,11 @@ def vjp(model, prompts, cotangent: Optional[Tensor] = None, wrt: str = "hook_emb
     """``(x, J^T v)`` per example with one backward pass; ``v`` defaults to all ones (the
     GrokAlign centroid ``mu_x = J_x^T 1``)."""
     _check_order(model, wrt, of)
-    prompts = as_prompts(prompts)
-    xs, gs = [], []
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i : i + batch_size]
-        batch = model.batch(model.encode(chunk), "right")
-        wpos, opos = _positions(model, chunk, batch, wrt_position), _positions(model, chunk, batch, of_position)
+    xs, gs, i = [], [], 0
+    for chunk, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
         x, y = forward_with_input(model, batch, wrt, of, wpos, opos)
         v = torch.ones_like(y) if cotangent is None else cotangent[i : i + len(chunk)].to(y)
+        i += len(chunk)
         if v.shape != y.shape:
             raise JacobianError(f"cotangent shape {tuple(v.shape)} does not match the output {tuple(y.shape)}")
         (g,) = torch.autograd.grad(y, x, grad_outputs=v, allow_unused=True)

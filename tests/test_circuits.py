@@ -333,11 +333,11 @@ def test_cli_induction_and_figures(tmp_path):
     from interp.cli import app
 
     out = tmp_path / "ind"
-    result = CliRunner().invoke(app, ["circuits", "induction", "--out", str(out), "--pairs", "8"])
+    result = CliRunner().invoke(app, ["circuits", "induction", "--out", str(out), "--pairs", "8", "--formats", "html,png"])
     assert result.exit_code == 0, result.output
     assert (out / "path_patching.csv").exists() and (out / "figures" / "circuit_path_patching.png").stat().st_size > 5000
     (out / "figures" / "circuit_path_patching.png").unlink()
-    result = CliRunner().invoke(app, ["circuits", "figures", str(out)])
+    result = CliRunner().invoke(app, ["figures", str(out), "--formats", "png"])
     assert result.exit_code == 0 and (out / "figures" / "circuit_path_patching.png").exists()
 
 

@@ -100,10 +100,8 @@ def test_serial_executor_collects_failures():
     assert seen == [10, 30]  # the other jobs still ran
 
 
-def test_distributed_study_needs_a_model_on_disk(model_dirs):
+def test_models_loaded_from_disk_record_their_source(model_dirs):  # what Ray workers reload
     import interp
-    from interp.relations import Relation
-    from interp.study import Study
 
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
     assert model.source == str(model_dirs["gpt2"])

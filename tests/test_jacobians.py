@@ -137,7 +137,6 @@ def test_estimate_affine_recovers_a_linear_map():
 
 def _linear_gpt2(tmp_path):
     """A GPT-2 whose attention and MLP write nothing: the last block's output is the layer-l state."""
-    import sys
 
     from tiny_models import build
 
