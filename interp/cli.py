@@ -241,6 +241,7 @@ def jacobians_grok(
     lam: float = typer.Option(1e-3, help="GrokAlign lambda"),
     p: Optional[int] = typer.Option(None, help="modulus (default: the CPU configuration's)"),
     steps: Optional[int] = typer.Option(None, help="maximum steps per run"),
+    workers: int = typer.Option(1, help="trainings run at once (processes, one thread each)"),
 ):
     """Steps to grok modular addition with weight decay alone and with the GrokAlign regularizer."""
     from dataclasses import replace
@@ -250,7 +251,7 @@ def jacobians_grok(
     from interp.plots import export
 
     config = replace(CPU_CONFIG, **{k: v for k, v in {"p": p, "steps": steps}.items() if v is not None})
-    table = grokking_experiment(out, config, lam=lam, seeds=tuple(range(seeds)))
+    table = grokking_experiment(out, config, lam=lam, seeds=tuple(range(seeds)), workers=workers)
     typer.echo(table.to_string(index=False))
     by = table.groupby("condition").grok_step
     typer.echo(f"\nmean steps to {config.target:.0%} test accuracy: " + ", ".join(

@@ -148,13 +148,29 @@ def train_modular(config: ModularConfig, progress: Optional[bool] = None) -> tup
     return log, summary
 
 
+def _run_one(args) -> dict:
+    cfg, condition, stem = args
+    log, summary = train_modular(cfg, progress=False)
+    summary = {"condition": condition, **summary, "config": asdict(cfg)}
+    from interp.store import atomic_write_bytes
+
+    atomic_write_bytes(Path(stem).with_suffix(".csv"),
+                       log.assign(condition=condition, seed=cfg.seed).to_csv(index=False).encode())
+    atomic_write_bytes(Path(stem).with_suffix(".json"), json.dumps(summary, indent=1).encode())
+    return summary
+
+
 def grokking_experiment(out: str | Path, config: ModularConfig = CPU_CONFIG, lam: float = 1e-3,
-                        seeds=(0, 1, 2), progress: Optional[bool] = None) -> pd.DataFrame:
+                        seeds=(0, 1, 2), workers: int = 1, progress: Optional[bool] = None) -> pd.DataFrame:
     """Weight decay alone vs weight decay + GrokAlign over ``seeds``; each run saved as it finishes
-    (``runs/<condition>_seed<k>.json`` + ``.csv``) and skipped when rerun. Returns the summary table."""
+    (``runs/<condition>_seed<k>.json`` + ``.csv``) and skipped when rerun. ``workers > 1`` runs that
+    many trainings at once in separate processes (one torch thread each: these small models are
+    bound by per-operation overhead, which threads do not share out). Returns the summary table."""
     out = Path(out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    rows = []
+    if workers > 1:
+        config = replace(config, threads=1)
+    done, todo = [], []
     for condition, lam_c in (("weight_decay", 0.0), ("grokalign", lam)):
         for seed in seeds:
             stem = out / "runs" / f"{condition}_seed{seed}"
@@ -162,15 +178,20 @@ def grokking_experiment(out: str | Path, config: ModularConfig = CPU_CONFIG, lam
             if stem.with_suffix(".json").exists():
                 summary = json.loads(stem.with_suffix(".json").read_text())
                 if summary.get("config") == json.loads(json.dumps(asdict(cfg))):  # JSON has no tuples
-                    rows.append(summary)
+                    done.append(summary)
                     continue
-            log, summary = train_modular(cfg, progress)
-            summary = {"condition": condition, **summary, "config": asdict(cfg)}
-            from interp.store import atomic_write_bytes
+            todo.append((cfg, condition, str(stem)))
+    todo.sort(key=lambda t: t[1] != "grokalign")  # the slow runs first, so workers finish together
+    if workers > 1 and len(todo) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
-            atomic_write_bytes(stem.with_suffix(".csv"), log.assign(condition=condition, seed=seed).to_csv(index=False).encode())
-            atomic_write_bytes(stem.with_suffix(".json"), json.dumps(summary, indent=1).encode())
-            rows.append(summary)
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+            done += list(pool.map(_run_one, todo))
+    else:
+        done += [_run_one(t) for t in todo]
+    order = {("weight_decay", s): i for i, s in enumerate(seeds)} | {("grokalign", s): len(seeds) + i for i, s in enumerate(seeds)}
+    rows = sorted(done, key=lambda r: order.get((r["condition"], r["seed"]), 1 << 30))
     table = pd.DataFrame(rows)[["condition", "seed", "grok_step", "seconds", "final_test_accuracy", "final_train_accuracy"]]
     table.to_csv(out / "grokking.csv", index=False)
     return table

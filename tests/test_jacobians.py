@@ -194,6 +194,9 @@ def test_grokking_runs_resume_and_track(tmp_path):
     grokking_experiment(tmp_path, cfg, seeds=(0,))  # finished runs are reused, not redone
     assert (tmp_path / "runs" / "grokalign_seed0.json").stat().st_mtime_ns == stamp
     assert set(table.condition) == {"weight_decay", "grokalign"}
+    parallel = grokking_experiment(tmp_path / "parallel", cfg, seeds=(0, 1), workers=2)
+    assert list(parallel.condition) == ["weight_decay", "weight_decay", "grokalign", "grokalign"]
+    assert len(list((tmp_path / "parallel" / "runs").glob("*.json"))) == 4
     fig = trajectory_plot(from_log(load_logs(tmp_path).drop(columns=["condition", "seed"])))
     assert len(fig.data) == 3
     df = track([(0, 1.0), (10, 2.0)], {"double": lambda c: 2 * c, "pair": lambda c: {"a": c, "b": -c}})
