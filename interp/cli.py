@@ -241,7 +241,7 @@ def jacobians_grok(
     lam: float = typer.Option(1e-3, help="GrokAlign lambda"),
     p: Optional[int] = typer.Option(None, help="modulus (default: the CPU configuration's)"),
     steps: Optional[int] = typer.Option(None, help="maximum steps per run"),
-    workers: int = typer.Option(1, help="trainings run at once (processes, one thread each)"),
+    workers: int = typer.Option(2, help="trainings run at once (processes, one thread each)"),
 ):
     """Steps to grok modular addition with weight decay alone and with the GrokAlign regularizer."""
     from dataclasses import replace
