@@ -94,30 +94,26 @@ class ActivationPatching:
         target_score = source_score = 0.0
         sums: dict[tuple, float] = {}
         n_total = len(pairs)
-        steps = []
-        for part in pairs.batches(self.batch_size):
-            for kind in self.sites:
-                steps.append((part, kind))
-        bar = tqdm(total=len(steps), desc="activation patching", disable=None if self.progress is None else not self.progress)
-        parts_done = set()
-        for part, kind in steps:
+        parts = list(pairs.batches(self.batch_size))
+        bar = tqdm(total=len(parts) * len(self.sites), desc="activation patching",
+                   disable=None if self.progress is None else not self.progress)
+        for part in parts:
             target, source = batch_of(part, self.target), batch_of(part, self.source)
-            if id(part) not in parts_done:
-                parts_done.add(id(part))
-                target_score += float(metric_of(self.model, target, part, self.metric).sum())
-                source_score += float(metric_of(self.model, source, part, self.metric).sum())
-            names = {layer: site(kind, layer) for layer in self.layers}
-            src = cache(self.model, source, list(names.values()))
-            n_heads_at = {layer: src[names[layer]].shape[2] if kind in HEAD_KINDS else 1 for layer in self.layers}
-            cells = self._cells(kind, part.n_pos, n_heads_at)
-            k_max = chunk_size(self.batch_size, len(part))
-            for i in range(0, len(cells), k_max):
-                chunk = cells[i : i + k_max]
-                scores = self._patched(part, target, src, names, kind, chunk)
-                for cell, s in zip(chunk, scores.sum(-1).tolist()):
-                    key = (kind, *cell)
-                    sums[key] = sums.get(key, 0.0) + s
-            bar.update(1)
+            target_score += float(metric_of(self.model, target, part, self.metric).sum())
+            source_score += float(metric_of(self.model, source, part, self.metric).sum())
+            for kind in self.sites:
+                names = {layer: site(kind, layer) for layer in self.layers}
+                src = cache(self.model, source, list(names.values()))
+                n_heads_at = {layer: src[names[layer]].shape[2] if kind in HEAD_KINDS else 1 for layer in self.layers}
+                cells = self._cells(kind, part.n_pos, n_heads_at)
+                k_max = chunk_size(self.batch_size, len(part))
+                for i in range(0, len(cells), k_max):
+                    chunk = cells[i : i + k_max]
+                    scores = self._patched(part, target, src, names, kind, chunk)
+                    for cell, s in zip(chunk, scores.sum(-1).tolist()):
+                        key = (kind, *cell)
+                        sums[key] = sums.get(key, 0.0) + s
+                bar.update(1)
         bar.close()
         target_score /= n_total
         source_score /= n_total

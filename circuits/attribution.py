@@ -34,7 +34,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .components import Node, Receiver, all_nodes, parse_nodes, parse_receivers
+from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
 from .path_patching import has_parallel_blocks, reaches, receiver_site
@@ -275,5 +275,3 @@ def _order(name: str):
 
     return parse_site(name).order
 
-
-__all__ = ["AttributionPatching", "all_nodes"]

@@ -33,8 +33,6 @@ from tqdm.auto import tqdm
 
 from .pairs import Pairs, make_pairs
 
-_DEFAULT = Path(__file__).resolve().parent.parent / "interp" / "checkpoints" / "induction"  # the shipped checkpoint
-
 
 @dataclass(frozen=True)
 class InductionConfig:
@@ -51,13 +49,6 @@ class InductionConfig:
     weight_decay: float = 0.01
     seed: int = 0
     threads: int = 2
-
-
-def default_checkpoint_dir() -> Path:
-    if not (_DEFAULT / "config.json").exists():
-        raise FileNotFoundError(f"the induction-head model is missing from {_DEFAULT}; rebuild it with "
-                                "`interp circuits train-induction`")
-    return _DEFAULT
 
 
 def _tokenizer(vocab: int):
