@@ -110,6 +110,40 @@ def test_twenty_step_training_run(tmp_path, backend):
     assert acts["blocks.1.hook_resid_post"].shape == (60, 32)
 
 
+@pytest.mark.parametrize("pack", ["documents", "stream"])
+def test_packing_rows(pack):
+    import random
+
+    from interp.world.train import _rows
+
+    docs = [[10 + d] * n for d, n in enumerate([5, 30, 12, 7, 63, 3, 20, 9] * 4)]
+    rows = _rows(docs, eos=2, pad=0, seq_len=16 if pack == "stream" else 64, pack=pack, rng=random.Random(1))
+    tokens = rows.flatten().tolist()
+    if pack == "stream":  # every token kept in order, rows cut anywhere
+        assert 0 not in tokens and len(tokens) == (sum(len(d) + 1 for d in docs) // 16) * 16
+        return
+    # whole documents: each document's tokens sit in one row, contiguous and followed by <eos>
+    seen = []
+    for row in rows.tolist():
+        assert len(row) == 64
+        body = row[: len(row) - row[::-1].index(2)] if 2 in row else []
+        assert all(t == 0 for t in row[len(body):]), "padding only after the last document"
+        seen += [tuple(g) for g in _split(body)]
+    assert sorted(seen) == sorted(tuple(d[:63]) for d in docs)
+    assert (rows == 0).float().mean() < 0.15  # first fit leaves little padding
+
+
+def _split(body):
+    out, cur = [], []
+    for t in body:
+        if t == 2:
+            out.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    return out
+
+
 def test_training_is_deterministic(tmp_path):
     cfg = TrainConfig(steps=5, n_layers=1, d_model=16, batch_size=4)
     a = train_world_model(SMALL, tmp_path / "a", cfg, progress=False)
@@ -135,5 +169,5 @@ def test_shipped_world_model_captures_through_both_backends():
         torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=1e-5)
 
 
-#: measured mean recall of the shipped checkpoint (README) minus a margin for the 10% sample
-RECALL_FLOOR = 0.90
+#: the issue's target; the shipped checkpoint measures 0.957 on all subjects, 0.958 on this 10% sample
+RECALL_FLOOR = 0.95

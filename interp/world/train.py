@@ -1,8 +1,12 @@
 """Pretrain a small decoder-only LM (GPT-2 architecture) on a world's corpus, on the CPU.
 
-The corpus documents are joined with ``<eos>``, shuffled anew each epoch (seeded), packed into
-``seq_len``-token rows and trained with next-token cross-entropy, AdamW and a warmup + cosine
-schedule. Same spec, same config, same seed: the same weights (on the same machine and thread
+The corpus documents are shuffled anew each epoch (seeded) and packed into ``seq_len``-token
+rows, each ending in ``<eos>``, and trained with next-token cross-entropy, AdamW and a warmup +
+cosine schedule. Packing keeps documents whole (``pack="documents"``, the default): a row is
+filled with whole documents and padded (padding is not trained on), so every sentence of a
+biography is seen with the subject's name that opens it. ``pack="stream"`` concatenates
+documents and cuts rows anywhere (no padding, but a biography cut in two teaches its second
+half's facts without their subject). Same spec, same config, same seed: the same weights (on the same machine and thread
 count). The result is a HuggingFace directory (``model.safetensors``, ``config.json``,
 tokenizer files) plus ``world_spec.json`` and ``train_log.csv``, loadable with
 ``interp.load_model(path)`` through either backend.
@@ -34,12 +38,13 @@ class TrainConfig:
     n_heads: int = 4
     seq_len: int = 64
     batch_size: int = 32
-    steps: int = 6000
+    steps: int = 8500
     lr: float = 3e-3
     warmup: int = 200
     weight_decay: float = 0.01
     seed: int = 0
     threads: int = 2
+    pack: str = "documents"  # or "stream"
 
 
 def build_model(config: TrainConfig, vocab_size: int, tokenizer):
@@ -54,14 +59,29 @@ def build_model(config: TrainConfig, vocab_size: int, tokenizer):
     return GPT2LMHeadModel(hf_config)
 
 
-def _rows(docs: list[list[int]], eos: int, seq_len: int, rng: random.Random) -> torch.Tensor:
+def _rows(docs: list[list[int]], eos: int, pad: int, seq_len: int, pack: str, rng: random.Random) -> torch.Tensor:
+    """One epoch of training rows, ``[n_rows, seq_len]``, in a seeded random document order."""
     order = list(range(len(docs)))
     rng.shuffle(order)
-    stream: list[int] = []
+    if pack == "stream":
+        stream: list[int] = []
+        for i in order:
+            stream += docs[i] + [eos]
+        n = len(stream) // seq_len
+        return torch.tensor(stream[: n * seq_len]).reshape(n, seq_len)
+    # first fit over a few open rows: whole documents, little padding (short statements fill gaps)
+    rows, open_rows = [], []
     for i in order:
-        stream += docs[i] + [eos]
-    n = len(stream) // seq_len
-    return torch.tensor(stream[: n * seq_len]).reshape(n, seq_len)
+        doc = docs[i][: seq_len - 1] + [eos]
+        fit = next((row for row in open_rows if len(row) + len(doc) <= seq_len), None)
+        if fit is None:
+            if len(open_rows) == 8:
+                rows.append(open_rows.pop(0))
+            fit = []
+            open_rows.append(fit)
+        fit += doc
+    rows += open_rows
+    return torch.tensor([row + [pad] * (seq_len - len(row)) for row in rows])
 
 
 def train_world_model(
@@ -91,20 +111,27 @@ def train_world_model(
         t = (step - config.warmup) / max(1, config.steps - config.warmup)
         return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
 
+    if config.pack not in ("documents", "stream"):
+        raise ValueError(f"TrainConfig.pack must be 'documents' or 'stream', got {config.pack!r}")
     rng = random.Random(config.seed)
-    rows = _rows(docs, tokenizer.eos_token_id, config.seq_len, rng)
+
+    def epoch_rows():
+        return _rows(docs, tokenizer.eos_token_id, tokenizer.pad_token_id, config.seq_len, config.pack, rng)
+
+    rows = epoch_rows()
     cursor, epoch = 0, 0
     log = []
     start = time.time()
     bar = tqdm(range(config.steps), desc="pretrain", disable=None if progress is None else not progress)
     for step in bar:
         if cursor + config.batch_size > len(rows):
-            rows, cursor, epoch = _rows(docs, tokenizer.eos_token_id, config.seq_len, rng), 0, epoch + 1
+            rows, cursor, epoch = epoch_rows(), 0, epoch + 1
         x = rows[cursor : cursor + config.batch_size]
         cursor += config.batch_size
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss = model(input_ids=x, labels=x).loss
+        labels = x.masked_fill(x == tokenizer.pad_token_id, -100)
+        loss = model(input_ids=x, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
