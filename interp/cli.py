@@ -139,7 +139,7 @@ def world_train(
     seed: int = typer.Option(0, help="seed of the world and of training"),
     subjects: int = typer.Option(1000, help="number of subjects"),
 ):
-    """Generate the default world and pretrain the small LM on it (about 14 minutes on 2 cores)."""
+    """Generate the default world and pretrain the small LM on it (about 15 minutes on 2 cores)."""
     from interp.world import TrainConfig, default_spec, train_world_model
 
     path = train_world_model(default_spec(seed=seed, n_subjects=subjects), out, TrainConfig(steps=steps, seed=seed))
