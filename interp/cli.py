@@ -125,7 +125,6 @@ def study_causal(
 ):
     """Two worlds, augmented vs plain writing of some relations: compare readability and generalization."""
     from interp.study.causal import causal_test
-    from interp.world import TrainConfig
 
     df = causal_test(out, relations or None, train=TrainConfig(steps=steps))
     typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -140,7 +139,7 @@ def world_train(
     subjects: int = typer.Option(1000, help="number of subjects"),
 ):
     """Generate the default world and pretrain the small LM on it (about 15 minutes on 2 cores)."""
-    from interp.world import TrainConfig, default_spec, train_world_model
+    from interp.world import default_spec, train_world_model
 
     path = train_world_model(default_spec(seed=seed, n_subjects=subjects), out, TrainConfig(steps=steps, seed=seed))
     typer.echo(f"saved {path}")
@@ -163,8 +162,6 @@ def world_report(
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(out, index=False)
-
-
 
 
 @circuits_app.command("induction")

@@ -6,9 +6,9 @@ cosine schedule. Packing keeps documents whole (``pack="documents"``, the defaul
 filled with whole documents and padded (padding is not trained on), so every sentence of a
 biography is seen with the subject's name that opens it. ``pack="stream"`` concatenates
 documents and cuts rows anywhere (no padding, but a biography cut in two teaches its second
-half's facts without their subject). Same spec, same config, same seed: the same weights (on the same machine and thread
-count). The result is a HuggingFace directory (``model.safetensors``, ``config.json``,
-tokenizer files) plus ``world_spec.json`` and ``train_log.csv``, loadable with
+half's facts without their subject). Same spec, same config, same seed: the same weights (on the
+same machine and thread count). The result is a HuggingFace directory (``model.safetensors``,
+``config.json``, tokenizer files) plus ``world_spec.json`` and ``train_log.csv``, loadable with
 ``interp.load_model(path)`` through either backend.
 """
 from __future__ import annotations
@@ -91,6 +91,8 @@ def train_world_model(
     progress: Optional[bool] = None,
 ) -> Path:
     """Generate the world, pretrain on its corpus, save a checkpoint directory; returns its path."""
+    if config.pack not in ("documents", "stream"):
+        raise ValueError(f"TrainConfig.pack must be 'documents' or 'stream', got {config.pack!r}")
     torch.set_num_threads(config.threads)
     out = Path(out_dir)
     world = World.generate(spec)
@@ -111,8 +113,6 @@ def train_world_model(
         t = (step - config.warmup) / max(1, config.steps - config.warmup)
         return config.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
 
-    if config.pack not in ("documents", "stream"):
-        raise ValueError(f"TrainConfig.pack must be 'documents' or 'stream', got {config.pack!r}")
     rng = random.Random(config.seed)
 
     def epoch_rows():
