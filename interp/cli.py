@@ -2,6 +2,7 @@
 
     interp study --out DIR           the generalization study on the embedded world model (main job)
     interp study figures DIR         redraw every figure and the report of a results folder
+    interp study null DIR            null calibration: false-positive rates with no generalization
     interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
     interp figures DIR               redraw every figure of every result under DIR from saved data
     interp demo                      capture + probe demo on the embedded world model
@@ -67,7 +68,8 @@ def study(
     model: str = typer.Option("world", help="'world', a world checkpoint, or any model spec (then give --relations)"),
     relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
     backend: str = typer.Option("nnsight", help="transformer_lens or nnsight"),
-    n_finetune: int = typer.Option(5, help="fine-tuning subjects per answer"),
+    n_finetune: Optional[int] = typer.Option(None, help="fixed fine-tuning subjects per answer (default: a per-relation "
+                                             "budget drawn independently of the number of answers)"),
     methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
     quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
     executor: str = typer.Option("serial", help="serial, or ray (a local Ray cluster, or RAY_ADDRESS's)"),
@@ -75,26 +77,51 @@ def study(
     """Run (or resume) the generalization study; writes tables, figures and report.html."""
     if ctx.invoked_subcommand is not None:
         return
-    from interp.study import StudyConfig, run_study
+    from interp.study import StudyConfig, StudyConfigError, run_study
 
     cfg = StudyConfig(n_finetune=n_finetune, methods=tuple(methods.split(",")))
     if quick:
         cfg = StudyConfig(n_finetune=n_finetune, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,),
-                          other_categories=(), n_boot=500, n_perm=500)
-    result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
+                          other_categories=(), n_boot=500, n_perm=500, n_null=500)
+    try:
+        result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
+    except StudyConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2)
     s = result.summary
+    nan2 = [float("nan")] * 2
     p = s["headline"].get("pearson", {})
     typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
-    typer.echo(f"Pearson r(readability, generalization) = {p.get('r', float('nan')):.3f} "
-               f"[{p.get('ci', [float('nan')] * 2)[0]:.3f}, {p.get('ci', [float('nan')] * 2)[1]:.3f}], permutation p = {p.get('p_value', float('nan')):.3g}")
+    typer.echo(f"Pearson r(readability kappa, generalization kappa) = {p.get('r', float('nan')):.3f} "
+               f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], permutation p = {p.get('p_value', float('nan')):.3g}")
     for k, v in s["headline"].items():
         if isinstance(v, dict) and k != "pearson":
             typer.echo(f"  {k:<32} r = {v['r']:.3f}  p = {v['p_value']:.3g}")
+    nc = s["null_calibration"]
+    typer.echo(f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate "
+               f"{nc['headline_false_positive_rate']:.3f} (kappa r) vs {nc['raw_false_positive_rate']:.3f} (raw r) at alpha {nc['alpha']}")
+    typer.echo(f"raw accuracies (inflated by chance levels): r = {s['raw']['pearson']['r']:.3f}")
     typer.echo(f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings")
-    b = s["backmap"]
-    typer.echo(f"error back-mapping: {b['n_errors']} errors; in probe top-k {b['probe_topk_rate']:.3f}, in model top-k {b['model_topk_rate']:.3f}")
-    typer.echo(f"mean train accuracy {s['train_accuracy']}; mean generalization {s['generalization']}")
+    for m, b in s["backmap"].items():
+        typer.echo(f"error back-mapping ({m}): {b['n_errors']} errors, {b['n_relations']} informative relations; observed/expected "
+                   f"probe {b['probe_ratio']:.2f}, model {b['model_ratio']:.2f} (paired Wilcoxon p = {b['wilcoxon_p']:.3g})")
+    typer.echo(f"mean generalization kappa {s['generalization_kappa']}; mean train accuracy {s['train_accuracy']}")
     typer.echo(f"report: {out / 'report.html'}")
+
+
+@study_app.command("null")
+def study_null(
+    out: Path = typer.Argument(..., help="a finished study's results folder"),
+    n_sim: Optional[int] = typer.Option(None, help="simulated studies (default: the study's n_null)"),
+):
+    """Null calibration: false-positive rate of every statistic on simulated studies with no
+    generalization beyond chance (same relations, test sizes, readability, label preferences)."""
+    from interp.study.null import calibrate_folder
+
+    table = calibrate_folder(out, n_sim)
+    typer.echo(table[["outcome", "analysis", "false_positive_rate", "mc_se", "mean_r"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"wrote {out / 'null_calibration.csv'}")
 
 
 @app.command("figures")

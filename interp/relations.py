@@ -64,18 +64,37 @@ class Relation:
 
 
 def _from_dict(d: dict, source: str) -> Relation:
-    if "samples" not in d or "name" not in d:
-        raise RelationError(f"{source}: a relation file needs 'name' and 'samples'")
+    """A relation from a parsed JSON object; every error names ``source`` and the JSON path."""
+    if not isinstance(d, dict):
+        raise RelationError(f"{source}: a relation file holds one JSON object, found {type(d).__name__}")
+    missing = [k for k in ("name", "samples") if k not in d]
+    if missing:
+        raise RelationError(f"{source}: a relation file needs 'name' and 'samples'; missing {missing}")
     samples = d["samples"]
-    if "prompt_templates" in d:  # LRE format
+    if not isinstance(samples, list) or not samples:
+        raise RelationError(f"{source}: $.samples must be a non-empty list of {{subject, answer}} objects "
+                            f"(found {type(samples).__name__} of length {len(samples) if hasattr(samples, '__len__') else '?'})")
+    lre = "prompt_templates" in d
+    answer_key = "object" if lre else "answer"
+    for i, smp in enumerate(samples):
+        if not isinstance(smp, dict):
+            raise RelationError(f"{source}: $.samples[{i}] must be an object with 'subject' and {answer_key!r}, found {smp!r}")
+        for key in ("subject", answer_key):
+            if not isinstance(smp.get(key), str) or not smp.get(key).strip():
+                raise RelationError(f"{source}: $.samples[{i}].{key} must be a non-empty string, found {smp.get(key)!r}"
+                                    + (f" (keys there: {sorted(smp)})" if key not in smp else ""))
+    if lre:  # LRE format
         templates = d["prompt_templates"] or d.get("prompt_templates_zs") or []
         if not templates:
-            raise RelationError(f"{source}: LRE relation {d['name']!r} has no prompt_templates")
+            raise RelationError(f"{source}: $.prompt_templates of LRE relation {d['name']!r} is empty")
         return Relation(d["name"], [s["subject"] for s in samples], [s["object"] for s in samples],
                         templates[0], None, dict(d.get("properties", {}), source="lre"))
     prompts = [s.get("prompt") for s in samples]
-    return Relation(d["name"], [s["subject"] for s in samples], [s["answer"] for s in samples], d.get("template", "{}"),
-                    prompts if all(p is not None for p in prompts) else None, d.get("properties", {}))
+    try:
+        return Relation(d["name"], [s["subject"] for s in samples], [s["answer"] for s in samples], d.get("template", "{}"),
+                        prompts if all(p is not None for p in prompts) else None, d.get("properties", {}))
+    except RelationError as err:
+        raise RelationError(f"{source}: {err}") from None
 
 
 def lre_dir() -> Path:
@@ -97,7 +116,14 @@ def load_relations(paths: str | Path | Iterable[str | Path]) -> list[Relation]:
             raise FileNotFoundError(f"no relation file or directory at {p}")
     if not files:
         raise RelationError(f"no .json relation files under {list(map(str, paths))}")
-    return [_from_dict(json.loads(f.read_text()), str(f)) for f in files]
+    out = []
+    for f in files:
+        try:
+            d = json.loads(f.read_text())
+        except json.JSONDecodeError as err:
+            raise RelationError(f"{f}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+        out.append(_from_dict(d, str(f)))
+    return out
 
 
 load_lre = load_relations

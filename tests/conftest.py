@@ -40,8 +40,8 @@ STUDY_RELATIONS = ["continent", "hand", "season", "diet"]
 def _small_study():
     from interp.study import FinetuneConfig, StudyConfig
 
-    return StudyConfig(n_finetune=3, methods=("full", "lora"), label_seeds=(0, 1), finetune_seeds=(0,),
-                       other_categories=("colours",), folds=3, n_boot=100, n_perm=100,
+    return StudyConfig(finetune_budget=(9, 16), methods=("full", "lora"), label_seeds=(0, 1), finetune_seeds=(0,),
+                       other_categories=("colours",), folds=3, n_boot=100, n_perm=100, n_null=200,
                        finetune=FinetuneConfig(max_steps=40, check_every=10))
 
 

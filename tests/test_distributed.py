@@ -18,7 +18,7 @@ RELATIONS = ["continent", "hand", "season", "diet"]
 def _config():
     from interp.study import FinetuneConfig, StudyConfig
 
-    return StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
+    return StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
                        folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=30, check_every=10))
 
 

@@ -112,6 +112,8 @@ def finished(finished_study):
 
 
 def test_small_study_outputs_are_consistent(finished):
+    from sklearn.metrics import cohen_kappa_score
+
     out, result = finished
     assert result.complete
     rel, ft, preds = result.table("relations"), result.table("finetunes"), result.table("predictions")
@@ -119,23 +121,45 @@ def test_small_study_outputs_are_consistent(finished):
     assert sorted(rel.relation) == sorted(RELATIONS) and summary["n_relations"] == 4
     assert len(ft) == 4 * 4  # full, lora, label seed 1, colours
     assert (ft.status == "done").all() and ft.job.is_unique
-    # the relation table's generalization is the mean of the main run's held-out predictions
+    # the relation table's generalization is the mean of the main run's held-out predictions, and its kappa is sklearn's
     main = preds[(preds.method == "full") & (preds.category == "animals") & (preds.label_seed == 0)]
     for r in rel.itertuples():
-        assert r.generalization_full == pytest.approx(main[main.relation == r.relation].correct.mean())
-        assert 0 <= r.readability_best <= 1 and r.readability_best >= r.readability_fixed - 1e-12
-    head = stats[(stats.method == "full") & (stats.predictor == "readability_best") & (stats.outcome == "generalization")
+        g = main[main.relation == r.relation]
+        assert r.generalization_full == pytest.approx(g.correct.mean())
+        assert r.generalization_kappa_full == pytest.approx(cohen_kappa_score(g.label, g.predicted_label))
+        assert 0 <= r.readability_best <= 1 and r.readability_best_kappa >= r.readability_fixed_kappa - 1e-12
+        assert r.chance_uniform == pytest.approx(1 / r.n_answers) and r.chance_uniform <= r.chance + 1e-12 <= r.chance_majority + 2e-12
+    # the budget design: fine-tuning subjects per relation drawn from the budget, spread evenly
+    assert rel.n_finetune_subjects.between(2 * 2, 16 + 4).all()
+    # the headline is the kappa correlation; the raw one is secondary
+    head = stats[(stats.method == "full") & (stats.predictor == "readability_best_kappa") & (stats.outcome == "generalization_kappa")
                  & (stats.analysis == "pearson")].iloc[0]
-    assert head.r == pytest.approx(sps.pearsonr(rel.readability_best, rel.generalization_full).statistic)
-    assert summary["headline"]["pearson"]["r"] == pytest.approx(head.r)
-    # error back-mapping: every wrong label maps back to a different original answer
+    assert head.r == pytest.approx(sps.pearsonr(rel.readability_best_kappa, rel.generalization_kappa_full).statistic)
+    assert summary["headline"]["pearson"]["r"] == pytest.approx(head.r) and summary["headline"]["measure"] == "Cohen's kappa"
+    assert summary["raw"]["pearson"]["r"] == pytest.approx(sps.pearsonr(rel.readability_best, rel.generalization_full).statistic)
+    assert "ci_method" in stats and set(stats.analysis) >= {"pearson", "spearman", "partial:chance", "partial:n_answers"}
+    # null calibration table: every statistic, raw and kappa
+    null = result.table("null_calibration")
+    assert set(null.outcome) == {"generalization", "generalization_kappa"} and (null.n_sim == 200).all()
+    assert summary["null_calibration"]["headline_false_positive_rate"] == pytest.approx(
+        null[(null.outcome == "generalization_kappa") & (null.analysis == "pearson")].false_positive_rate.iloc[0])
+    # error back-mapping: every wrong label maps back to a different original answer; rates are over wrong answers only
     wrong = preds[~preds.correct]
     assert (wrong.backmapped_answer != wrong.answer).all()
-    assert summary["backmap"]["n_errors"] == int((~main.correct).sum()) + int(
-        (~preds[(preds.method == "lora") & (preds.label_seed == 0) & (preds.category == "animals")].correct).sum())
+    bm = result.table("backmap")
+    for b in bm.itertuples():
+        errs = wrong[(wrong.method == b.method) & (wrong.relation == b.relation) & (wrong.category == "animals") & (wrong.label_seed == 0)]
+        assert b.n_errors == len(errs) and b.probe_rate == pytest.approx(errs.in_probe_topk.astype(float).mean())
+        assert b.expected_rate == pytest.approx(min(3, b.n_answers - 1) / (b.n_answers - 1))
+        assert b.informative == (b.n_answers - 1 > 3)
+    assert summary["backmap"]["full"]["n_errors"] == int(bm[(bm.method == "full") & bm.informative].n_errors.sum())
+    # fine-tuning sets smaller than a batch are trained full-batch: every seed gives the same model, and it is listed
+    rob = result.table("robustness")
+    seeds = rob[rob.varied == "fine-tuning seed"].iloc[0]
+    assert sorted(str(seeds.seed_invariant_relations).split(", ")) == sorted(RELATIONS)
     page = (out / "report.html").read_text()
-    assert "plotly" in page.lower() and "Pearson r" in page and "<script" in page
-    assert (out / "figures" / "scatter_full.html").exists()
+    assert "plotly" in page.lower() and "Cohen's kappa" in page and "Null calibration" in page and "<script" in page
+    assert (out / "figures" / "scatter_full.html").exists() and (out / "figures" / "null_calibration.html").exists()
 
 
 def test_same_seed_same_numbers_and_resume(finished, tmp_path):
@@ -152,8 +176,8 @@ def test_same_seed_same_numbers_and_resume(finished, tmp_path):
 
 def test_a_different_study_in_the_same_folder_is_refused(finished):
     out, _ = finished
-    with pytest.raises(ValueError, match="different model, relations or configuration"):
-        run_study("world", RELATIONS[:3], out=out, config=SMALL, progress=False)
+    with pytest.raises(ValueError, match=r"holds a different study \(relations added \['month'\], removed \['diet'\]"):
+        run_study("world", RELATIONS[:3] + ["month"], out=out, config=SMALL, progress=False)
 
 
 def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
@@ -171,11 +195,34 @@ def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
     from interp.world import World
 
     assert World.generate(plain).facts.equals(World.generate(spec).facts)  # same facts, different writing
-    cfg = SMALL.__class__(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
+    cfg = SMALL.__class__(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
                           folds=3, n_boot=50, n_perm=50, finetune=SMALL.finetune)
     df = causal_test(tmp_path, ["city", "sport"], spec=spec, train=TrainConfig(steps=10, n_layers=1, d_model=32, batch_size=8),
                      config=cfg, progress=False)
-    assert len(df) == 4 and df.manipulated.sum() == 2
+    assert len(df) == 4 and df.manipulated.sum() == 2 and df.writing_identical.tolist() == [False, False, True, True]
     summary = json.loads((tmp_path / "causal.json").read_text())
-    assert set(summary["mean_delta"]) == {"manipulated", "untouched"} and "difference_in_differences" in summary
+    assert set(summary["mean_delta"]) == {"manipulated", "untouched", "untouched, not derived"}
+    did = summary["difference_in_differences"]["vs untouched"]["delta_generalization"]
+    assert did["estimate"] == pytest.approx(df[df.manipulated].delta_generalization.mean() - df[~df.manipulated].delta_generalization.mean())
+    assert did["ci_low"] <= did["estimate"] <= did["ci_high"]
     assert (tmp_path / "study_plain" / "report.html").exists() and (tmp_path / "study_augmented" / "report.html").exists()
+
+
+def test_the_plain_world_rewrites_only_the_manipulated_relations():
+    """Every relation not manipulated is written identically in the two worlds, document for
+    document, and asked with the same queries (the causal test's untouched relations)."""
+    from interp.study.causal import without_augmentation
+    from interp.world import World, default_spec
+
+    spec = default_spec(n_subjects=150)
+    manipulated = [r.name for r in spec.relations if r.augment]
+    a = World.generate(spec).relation_digests()
+    b = World.generate(without_augmentation(spec, manipulated)).relation_digests()
+    assert set(a) == set(b) == {r.name for r in spec.relations}
+    for name in a:
+        assert (a[name] == b[name]) == (name not in manipulated), name
+    # a partial manipulation that would rewrite another relation's biographies is refused before any training
+    from interp.study.causal import causal_test
+
+    with pytest.raises(ValueError, match="not manipulated but are written differently"):
+        causal_test("/nonexistent", ["city"], spec=spec)

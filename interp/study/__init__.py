@@ -6,12 +6,14 @@
 """
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .design import Design, make_design, relabel, split
+from .design import Design, finetune_budget, make_design, per_answer, relabel, split
 from .finetune import FinetuneConfig, finetune
 from .study import Job, Study, StudyConfig, StudyResult
+from .validate import StudyConfigError
 
 
 def run_study(model="world", relations: Optional[Sequence] = None, out: str | Path = "results/study",
@@ -28,30 +30,45 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
     import interp
     from interp.relations import Relation, from_world, load_relations
 
+    from .validate import StudyConfigError
+
     config = config or StudyConfig()
     if overrides:
-        from dataclasses import replace
+        from dataclasses import fields, replace
 
+        unknown = sorted(set(overrides) - {f.name for f in fields(StudyConfig)})
+        if unknown:
+            raise StudyConfigError([f"unknown StudyConfig field(s) {unknown}; valid: {', '.join(f.name for f in fields(StudyConfig))}"])
         config = replace(config, **overrides)
+    if relations is not None and len(relations) == 0:
+        raise StudyConfigError(["relations=[] names no relation; pass None for all of the world's relations, or name some"])
     handle = interp.load_model(model, backend=backend)
-    labels = frequency = None
+    labels = frequency = trained = None
     source = "proxy: mean log-prob of subject tokens"
     if _is_world(model):
         from interp.world import load_world
 
         world = load_world(None if str(model) == "world" else model)
         names = [r if isinstance(r, str) else r.name for r in relations] if relations else None
+        valid = [r.name for r in world.spec.relations]
+        unknown = [n for n in names or [] if n not in valid]
+        if unknown:
+            raise StudyConfigError([f"unknown relation {n!r}; nearest: {', '.join(difflib.get_close_matches(n, valid, 3, 0.4)) or '-'} "
+                                    f"(the world's relations: {', '.join(valid)})" for n in unknown])
         rels = from_world(world, names)
         labels = world.label_categories
         frequency = lambda rel, s: world.mentions(s, rel)  # noqa: E731
         source = "exact: corpus documents stating the fact (world)"
+        words = sorted({w for doc in world.corpus() for w in doc.split()})
+        trained = set(handle.tokenizer(" ".join(words), add_special_tokens=False)["input_ids"])
     else:
         if not relations:
             raise ValueError("a study on a model other than the world model needs relations (Relation objects or JSON paths)")
         rels = [r for r in relations if isinstance(r, Relation)]
         paths = [r for r in relations if not isinstance(r, Relation)]
         rels += load_relations(paths) if paths else []
-    study = Study(handle, rels, out, config, labels=labels, subject_frequency=frequency, frequency_source=source, progress=progress)
+    study = Study(handle, rels, out, config, labels=labels, subject_frequency=frequency, frequency_source=source,
+                  progress=progress, trained_tokens=trained)
     return study.run(max_jobs=max_jobs, executor=executor)
 
 
@@ -61,5 +78,5 @@ def _is_world(model) -> bool:
     return isinstance(model, (str, Path)) and (Path(model) / "world_spec.json").exists()
 
 
-__all__ = ["Design", "FinetuneConfig", "Job", "Study", "StudyConfig", "StudyResult", "finetune", "make_design",
-           "relabel", "run_study", "split"]
+__all__ = ["Design", "FinetuneConfig", "Job", "Study", "StudyConfig", "StudyConfigError", "StudyResult", "finetune",
+           "finetune_budget", "make_design", "per_answer", "relabel", "run_study", "split"]

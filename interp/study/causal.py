@@ -3,10 +3,20 @@
 Two worlds share every fact (same seed: same subjects, answers and derived relations) and differ
 only in how one set of relations is written: in world A the manipulated relations are written
 with augmentation (shuffled biographies that repeat the subject's name, several paraphrase
-templates), in world B without it (one template, fixed-order biographies). Both are pretrained
-with the same recipe and studied with the same configuration. For each relation we report the
-change B - A in readability and in generalization; the manipulated relations' changes are set
-against the untouched relations' changes, which absorb any world-level difference.
+templates), in world B without it (one template, each fact an isolated statement, the same
+number of mentions). Both are pretrained with the same recipe and studied with the same
+configuration. For each relation we report the change B - A in readability and in
+generalization (kappa, and raw accuracy beside it).
+
+**Untouched means untouched.** Every relation that is not manipulated is written identically
+in both worlds, document for document (:meth:`~interp.world.World.relation_digest`, checked
+here before any training: a mismatch is an error). The difference-in-differences sets the
+manipulated relations' change against the untouched relations' change, which absorbs any
+world-level difference (a different corpus order, other documents in the same batches), with a
+bootstrap CI over relations (each group resampled separately). It is reported against all
+untouched relations and against those also not *derived* from a manipulated relation (a derived
+relation's facts are functions of a manipulated relation's facts, so the model may compute
+them through it even though their writing is unchanged).
 """
 from __future__ import annotations
 
@@ -16,19 +26,22 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 import pandas as pd
 
-from ..store import atomic_write_bytes
-from ..world import TrainConfig, WorldSpec, default_checkpoint_dir, default_spec, train_world_model
+from ..world import TrainConfig, World, WorldSpec, default_checkpoint_dir, default_spec, train_world_model
 from .study import StudyConfig
+from .tables import write_csv, write_json
 
 
 def without_augmentation(spec: WorldSpec, names: Sequence[str]) -> WorldSpec:
-    """``spec`` with the named relations written plainly: one template, no permutation augmentation."""
+    """``spec`` with the named relations written plainly: one template, no permutation augmentation,
+    as isolated statements (``bio=False``: joining the fixed-order biography would rewrite the
+    biography relations' documents too). Their mention counts are unchanged."""
     unknown = set(names) - {r.name for r in spec.relations}
     if unknown:
         raise ValueError(f"unknown relations {sorted(unknown)}")
-    rels = tuple(replace(r, augment=False, templates=1) if r.name in names else r for r in spec.relations)
+    rels = tuple(replace(r, augment=False, templates=1, bio=False) if r.name in names else r for r in spec.relations)
     return replace(spec, relations=rels).validate()
 
 
@@ -44,6 +57,11 @@ def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, sp
         raise ValueError("no relation to manipulate: pass names of relations written with augmentation")
     config = config or StudyConfig(methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=())
     worlds = {"augmented": spec, "plain": without_augmentation(spec, manipulated)}
+    digests = {name: writing_digests(s) for name, s in worlds.items()}
+    changed = sorted(r for r in digests["augmented"] if r not in manipulated and digests["augmented"][r] != digests["plain"][r])
+    if changed:
+        raise ValueError(f"relations {changed} are not manipulated but are written differently in the two worlds; "
+                         "the causal test needs them untouched (manipulate them too, or change the world's writing)")
     tables = {}
     for name, s in worlds.items():
         ckpt = out / f"world_{name}"
@@ -56,21 +74,69 @@ def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, sp
         tables[name] = result.table("relations").set_index("relation")
     a, b = tables["augmented"], tables["plain"]
     m = config.methods[0]
+    derived = {r.name: r.derived_from for r in spec.relations}
     df = pd.DataFrame({
         "relation": a.index, "manipulated": [r in manipulated for r in a.index],
-        "readability_augmented": a.readability_best.values, "readability_plain": b.loc[a.index].readability_best.values,
-        "generalization_augmented": a[f"generalization_{m}"].values, "generalization_plain": b.loc[a.index, f"generalization_{m}"].values,
+        "derived_from_manipulated": [_derived_from(r, manipulated, derived) for r in a.index],
+        "writing_identical": [digests["augmented"][r] == digests["plain"][r] for r in a.index],
     })
-    df["delta_readability"] = df.readability_plain - df.readability_augmented
-    df["delta_generalization"] = df.generalization_plain - df.generalization_augmented
-    g = df.groupby("manipulated")[["delta_readability", "delta_generalization"]].mean()
-    summary = {"manipulated": manipulated, "method": m,
-               "mean_delta": {("manipulated" if k else "untouched"): v for k, v in g.to_dict(orient="index").items()}}
-    if True in g.index and False in g.index:
-        summary["difference_in_differences"] = {c: float(g.loc[True, c] - g.loc[False, c]) for c in g.columns}
-    atomic_write_bytes(out / "causal.csv", df.to_csv(index=False).encode())
-    atomic_write_bytes(out / "causal.json", json.dumps(summary, indent=1).encode())
+    for measure, (ra, ga) in {"kappa": ("readability_best_kappa", f"generalization_kappa_{m}"),
+                              "raw": ("readability_best", f"generalization_{m}")}.items():
+        suffix = "" if measure == "kappa" else "_raw"
+        df[f"readability_augmented{suffix}"] = a[ra].values
+        df[f"readability_plain{suffix}"] = b.loc[a.index, ra].values
+        df[f"generalization_augmented{suffix}"] = a[ga].values
+        df[f"generalization_plain{suffix}"] = b.loc[a.index, ga].values
+        df[f"delta_readability{suffix}"] = df[f"readability_plain{suffix}"] - df[f"readability_augmented{suffix}"]
+        df[f"delta_generalization{suffix}"] = df[f"generalization_plain{suffix}"] - df[f"generalization_augmented{suffix}"]
+    groups = {"untouched": ~df.manipulated, "untouched, not derived": ~df.manipulated & ~df.derived_from_manipulated}
+    summary = {"manipulated": manipulated, "method": m, "measure": "kappa (raw accuracy in *_raw)",
+               "mean_delta": {"manipulated": _means(df[df.manipulated])} | {k: _means(df[v]) for k, v in groups.items()},
+               "n": {"manipulated": int(df.manipulated.sum())} | {k: int(v.sum()) for k, v in groups.items()},
+               "difference_in_differences": {}}
+    for name, mask in groups.items():
+        if df.manipulated.any() and mask.any():
+            summary["difference_in_differences"][f"vs {name}"] = {
+                col: did_with_ci(df.loc[df.manipulated, col].to_numpy(), df.loc[mask, col].to_numpy(), seed=0)
+                for col in ("delta_readability", "delta_generalization", "delta_readability_raw", "delta_generalization_raw")}
+    write_csv(df, out / "causal.csv")
+    write_json(summary, out / "causal.json")
     return df
+
+
+def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: int = 0) -> dict:
+    """Mean(treated) - mean(control), with a percentile bootstrap CI resampling relations within
+    each group, and the share of resamples on the other side of 0 (two-sided)."""
+    rng = np.random.default_rng(seed)
+    est = float(np.mean(treated) - np.mean(control))
+    if len(treated) < 2 or len(control) < 2:
+        return {"estimate": est, "ci_low": float("nan"), "ci_high": float("nan"), "p_boot": float("nan")}
+    bt = treated[rng.integers(0, len(treated), (n_boot, len(treated)))].mean(1)
+    bc = control[rng.integers(0, len(control), (n_boot, len(control)))].mean(1)
+    d = bt - bc
+    a = (1 - ci) / 2
+    p = float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))
+    return {"estimate": est, "ci_low": float(np.quantile(d, a)), "ci_high": float(np.quantile(d, 1 - a)), "p_boot": p}
+
+
+def _means(df: pd.DataFrame) -> dict:
+    return {c: float(df[c].mean()) for c in ("delta_readability", "delta_generalization", "delta_readability_raw",
+                                             "delta_generalization_raw")}
+
+
+def _derived_from(name: str, manipulated: Sequence[str], derived: dict) -> bool:
+    parent = derived.get(name)
+    while parent is not None:
+        if parent in manipulated:
+            return True
+        parent = derived.get(parent)
+    return False
+
+
+def writing_digests(spec: WorldSpec) -> dict[str, str]:
+    """Every relation's :meth:`~interp.world.World.relation_digest` in the world of ``spec``."""
+    world = World.generate(spec)
+    return world.relation_digests()
 
 
 def _is_shipped(spec: WorldSpec, train: TrainConfig) -> bool:

@@ -5,7 +5,14 @@ label category, e.g. ``{Europe: crab, Asia: zebra}``: a bijection, so every wron
 held-out subject maps back to exactly one original answer.
 
 **Split**, per answer: ``n_finetune`` of the subjects holding that answer go to fine-tuning and
-the rest are held out, so every held-out answer also occurs in fine-tuning. An answer with
+the rest are held out, so every held-out answer also occurs in fine-tuning.
+
+**How many fine-tuning subjects** (:func:`finetune_budget`, :func:`per_answer`): a fixed number
+per answer would make the number of fine-tuning subjects ``n_finetune x #answers``, one variable
+with the number of answers, and two of the study's controls one control. By default each
+relation instead gets a *budget* of fine-tuning subjects drawn (seeded by the relation's name)
+uniformly from a range, independently of its number of answers, spread evenly over its answers
+(``round(budget / #answers)`` each, at least ``min_per_answer``). An answer with
 fewer than ``n_finetune + 1`` subjects cannot be split; it is left out of the relation (both its
 fine-tuning and its held-out subjects) and counted in ``dropped_answers``. A relation left with
 fewer than 2 answers is an error.
@@ -46,6 +53,17 @@ def relabel(answers: list[str], labels: tuple[str, ...], seed: int, category: st
     rng = random.Random(seed)
     chosen = rng.sample(list(labels), len(distinct))
     return dict(zip(distinct, chosen))
+
+
+def finetune_budget(relation: str, low: int, high: int, seed: int) -> int:
+    """The relation's budget of fine-tuning subjects: uniform on ``[low, high]``, seeded by the
+    relation's name and ``seed`` (so it does not depend on which other relations are studied)."""
+    return random.Random(f"budget:{seed}:{relation}").randint(low, high)
+
+
+def per_answer(budget: int, n_answers: int, minimum: int = 2) -> int:
+    """Fine-tuning subjects per answer for a budget spread evenly over ``n_answers`` answers."""
+    return max(minimum, int(round(budget / n_answers)))
 
 
 def split(relation: Relation, n_finetune: int, seed: int) -> tuple[list[int], list[int], list[str]]:

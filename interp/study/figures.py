@@ -11,10 +11,11 @@ import plotly.graph_objects as go
 from ..plots import PALETTE, style
 
 
-def scatter(relations: pd.DataFrame, stats: pd.DataFrame, method: str, x: str = "readability_best",
-            y: str = "generalization") -> go.Figure:
+def scatter(relations: pd.DataFrame, stats: pd.DataFrame, method: str, x: str = "readability_best_kappa",
+            y: str = "generalization_kappa") -> go.Figure:
     row = stats[(stats.method == method) & (stats.predictor == x) & (stats.outcome == y) & (stats.analysis == "pearson")]
-    title = f"Readability vs generalization ({method} fine-tuning)"
+    measure = "kappa" if x.endswith("kappa") else "accuracy"
+    title = f"Readability vs generalization ({method} fine-tuning, {measure})"
     if len(row):
         r = row.iloc[0]
         title += f"<br><sup>Pearson r = {r.r:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}], permutation p = {r.p_value:.3g}, n = {int(r.n)}</sup>"
@@ -23,8 +24,28 @@ def scatter(relations: pd.DataFrame, stats: pd.DataFrame, method: str, x: str = 
         textposition="top center", textfont=dict(size=11), marker=dict(size=10, color=PALETTE[0]),
         hovertemplate="%{text}<br>readability %{x:.3f}<br>generalization %{y:.3f}<extra></extra>",
     ))
-    fig.update_layout(title=title, xaxis_title="probe accuracy of the original answer (best layer)",
-                      yaxis_title="held-out accuracy of the new labels")
+    if measure == "kappa":
+        fig.add_hline(y=0, line_dash="dot", line_color="#888")
+        fig.update_layout(xaxis_title="probe kappa of the original answer (best layer; 0 = chance)",
+                          yaxis_title="held-out kappa of the new labels (0 = chance)")
+    else:
+        fig.update_layout(xaxis_title="probe accuracy of the original answer (best layer)",
+                          yaxis_title="held-out accuracy of the new labels")
+    fig.update_layout(title=title)
+    return style(fig, "two-column")
+
+
+def null_calibration(null: pd.DataFrame) -> go.Figure:
+    """False-positive rate of every statistic on simulated studies with no generalization."""
+    fig = go.Figure()
+    for i, (outcome, g) in enumerate(null.groupby("outcome", sort=False)):
+        fig.add_trace(go.Bar(x=g.analysis, y=g.false_positive_rate, name="kappa" if outcome.endswith("kappa") else "raw accuracy",
+                             marker_color=PALETTE[i % len(PALETTE)], error_y=dict(type="data", array=1.96 * g.mc_se)))
+    alpha = float(null.alpha.iloc[0]) if len(null) else 0.05
+    fig.add_hline(y=alpha, line_dash="dash", line_color="#444", annotation_text=f"nominal {alpha:g}")
+    n = int(null.n_sim.iloc[0]) if len(null) else 0
+    fig.update_layout(title=f"Null calibration: false-positive rates with no generalization ({n} simulated studies)",
+                      yaxis_title="false-positive rate", barmode="group")
     return style(fig, "two-column")
 
 
@@ -41,20 +62,29 @@ def robustness(rob: pd.DataFrame) -> go.Figure:
     for i, (kind, g) in enumerate(rob.groupby("varied", sort=False)):
         fig.add_trace(go.Box(y=g.r, name=kind, boxpoints="all", jitter=0.3, marker_color=PALETTE[i % len(PALETTE)],
                              text=g.setting, hovertemplate="%{text}: r = %{y:.3f}<extra></extra>"))
-    fig.update_layout(title="Robustness of the correlation (Pearson r per setting)", yaxis_title="Pearson r",
+    fig.update_layout(title="Robustness of the correlation (Pearson r of kappas, per setting)", yaxis_title="Pearson r",
                       showlegend=False)
     return style(fig, "one-column")
 
 
-def backmap(summary: dict) -> go.Figure:
-    b = summary["backmap"]
+def backmap(table: pd.DataFrame, summary: dict) -> go.Figure:
+    """Observed / expected rate at which a wrong label maps back into each top-k (wrong answers only)."""
     k = summary["config"]["top_k"]
-    fig = go.Figure(go.Bar(x=[f"probe top-{k}", f"pretrained model top-{k}"], y=[b["probe_topk_rate"], b["model_topk_rate"]],
-                           marker_color=[PALETTE[0], PALETTE[1]], text=[f"{b['probe_topk_rate']:.2f}", f"{b['model_topk_rate']:.2f}"],
-                           textposition="outside"))
-    fig.update_layout(title=f"Wrong labels mapped back to original answers (n = {b['n_errors']})",
-                      yaxis_title="fraction of errors", yaxis_range=[0, 1.1])
-    return style(fig, "one-column")
+    t = table[table.informative.astype(bool)]
+    fig = go.Figure()
+    for i, who in enumerate(("probe", "model")):
+        name = "linear probe" if who == "probe" else "pretrained model"
+        for j, (method, g) in enumerate(t.groupby("method", sort=False)):
+            fig.add_trace(go.Bar(x=g.relation, y=g[f"{who}_ratio"], name=f"{name} ({method})",
+                                 marker_color=PALETTE[(2 * i + j) % len(PALETTE)], customdata=g.n_errors,
+                                 hovertemplate="%{x}: %{y:.2f}x expected (%{customdata} errors)<extra></extra>"))
+    fig.add_hline(y=1, line_dash="dash", line_color="#444", annotation_text="uniformly random wrong answer")
+    b = summary["backmap"].get(summary["methods"][0], {})
+    sub = (f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, model {b.get('model_ratio', float('nan')):.2f}x expected; "
+           f"paired Wilcoxon p = {b.get('wilcoxon_p', float('nan')):.3g} over {b.get('n_relations', 0)} relations</sup>")
+    fig.update_layout(title=f"Wrong labels mapped back into the top-{k} wrong answers, observed / expected" + sub,
+                      yaxis_title="observed / expected", barmode="group")
+    return style(fig, "two-column")
 
 
 def build_all(out: str | Path) -> dict[str, go.Figure]:
@@ -65,5 +95,8 @@ def build_all(out: str | Path) -> dict[str, go.Figure]:
     figs = {f"scatter_{m}": scatter(relations, stats, m) for m in summary["config"]["methods"]}
     figs["layers"] = layer_curves(pd.read_csv(out / "readability.csv"))
     figs["robustness"] = robustness(pd.read_csv(out / "robustness.csv"))
-    figs["backmap"] = backmap(summary)
+    figs["backmap"] = backmap(pd.read_csv(out / "backmap.csv"), summary)
+    figs["null_calibration"] = null_calibration(pd.read_csv(out / "null_calibration.csv"))
+    figs.update({f"scatter_raw_{m}": scatter(relations, stats, m, "readability_best", "generalization")
+                 for m in summary["config"]["methods"]})
     return figs

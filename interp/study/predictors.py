@@ -24,6 +24,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .stats import pearson, spearman
+from .tables import write_csv
 
 
 def relation_predictors(model, relations, layer: Optional[int] = None, beta: float = 1.0, n_test: int = 40,
@@ -47,11 +48,11 @@ def relation_predictors(model, relations, layer: Optional[int] = None, beta: flo
     return pd.DataFrame(rows)
 
 
-PREDICTORS = ["readability_best_cc", "lre_faithfulness", "lre_causality", "centroid_alignment"]
+PREDICTORS = ["readability_best_kappa", "lre_faithfulness", "lre_causality", "centroid_alignment"]
 
 
 def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: Optional[int] = None,
-                       beta: float = 1.0, outcomes: Sequence[str] = ("generalization_cc_full", "generalization_cc_lora"),
+                       beta: float = 1.0, outcomes: Sequence[str] = ("generalization_kappa_full", "generalization_kappa_lora"),
                        n_boot: int = 1000, n_perm: int = 1000, progress: Optional[bool] = None) -> pd.DataFrame:
     """Correlate each predictor with each outcome across a finished study's relations."""
     study_dir = Path(study_dir)
@@ -64,9 +65,7 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
             raise ValueError(f"{cached} does not exist yet: pass the study's model and relations to measure the predictors")
         wanted = set(table.relation)
         preds = relation_predictors(model, [r for r in relations if r.name in wanted], layer, beta, progress=progress)
-        from ..store import atomic_write_bytes
-
-        atomic_write_bytes(cached, preds.to_csv(index=False).encode())
+        write_csv(preds, cached)
     merged = table.merge(preds, on="relation")
     rows = []
     for outcome in outcomes:
@@ -78,7 +77,5 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
             rows.append({"outcome": outcome, "predictor": p, "pearson_r": pr["r"], "ci_low": pr["ci_low"],
                          "ci_high": pr["ci_high"], "p_value": pr["p_value"], "spearman_r": sp["r"], "n": pr["n"]})
     out = pd.DataFrame(rows)
-    from ..store import atomic_write_bytes
-
-    atomic_write_bytes(study_dir / "predictor_correlations.csv", out.to_csv(index=False).encode())
+    write_csv(out, study_dir / "predictor_correlations.csv")
     return out

@@ -1,8 +1,10 @@
 """Statistics across relations: does readability predict generalization?
 
 - **Pearson r** (``scipy.stats.pearsonr``) with a bootstrap confidence interval over relations
-  (``scipy.stats.bootstrap``, paired resampling, BCa) and a permutation p-value
-  (``scipy.stats.permutation_test``, pairings shuffled);
+  (``scipy.stats.bootstrap``, paired resampling, BCa; where BCa is undefined on a degenerate
+  sample the percentile interval is used and the ``ci_method`` column says so) and a two-sided
+  permutation p-value (:func:`permutation_p`: pairings shuffled, ``(1 + #{|r*| >= |r|}) /
+  (1 + n_perm)``; vectorized so that :mod:`interp.study.null` can afford it thousands of times);
 - **Spearman rho** (``scipy.stats.spearmanr``);
 - **partial correlation** controlling for covariates: both variables are residualized on the
   covariates by OLS (``statsmodels``), the residuals are correlated, and the p-value uses a t
@@ -18,8 +20,21 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-#: covariates the partial correlations control for, separately and jointly
-COVARIATES = ["n_finetune_subjects", "n_answers", "pretrained_accuracy", "subject_frequency"]
+#: covariates the partial correlations control for, separately and jointly (``chance``: the
+#: prior-matched chance level sum p_a^2 of the held-out subjects' answers)
+COVARIATES = ["n_finetune_subjects", "n_answers", "chance", "pretrained_accuracy", "subject_frequency"]
+
+
+def permutation_p(x, y, n_perm: int = 2000, rng=None) -> float:
+    """Two-sided permutation p-value of Pearson r: the share of ``n_perm`` shuffled pairings
+    whose |r| reaches the observed |r|, counting the observed pairing once."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rng = rng if rng is not None else np.random.default_rng(0)
+    xs, ys = (x - x.mean()) / x.std(), (y - y.mean()) / y.std()
+    r = float(xs @ ys) / len(x)
+    perms = rng.permuted(np.tile(np.arange(len(x)), (n_perm, 1)), axis=1)
+    r_perm = ys[perms] @ xs / len(x)
+    return float((1 + np.sum(np.abs(r_perm) >= abs(r) - 1e-12)) / (n_perm + 1))
 
 
 def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: float = 0.95) -> dict:
@@ -28,21 +43,39 @@ def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: flo
     if n < 3:
         raise ValueError(f"a correlation across relations needs at least 3 relations, got {n}")
     if np.std(x) == 0 or np.std(y) == 0:
-        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "p_value": np.nan, "n": n}
+        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a constant variable)", "p_value": np.nan, "n": n}
     r = stats.pearsonr(x, y).statistic
     stat = lambda a, b: stats.pearsonr(a, b).statistic  # noqa: E731
     rng = np.random.default_rng(seed)
-    try:
-        boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
-                               method="BCa", random_state=rng)
-        lo, hi = boot.confidence_interval
-    except Exception:  # BCa can fail on degenerate resamples; fall back to percentile
-        boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
-                               method="percentile", random_state=np.random.default_rng(seed))
-        lo, hi = boot.confidence_interval
-    perm = stats.permutation_test((x, y), stat, permutation_type="pairings", n_resamples=n_perm,
-                                  random_state=np.random.default_rng(seed + 1))
-    return {"r": float(r), "ci_low": float(lo), "ci_high": float(hi), "p_value": float(perm.pvalue), "n": n}
+    method = "BCa"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns of degenerate resamples; BCa's NaN is handled below
+        try:
+            boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
+                                   method="BCa", random_state=rng)
+            lo, hi = boot.confidence_interval
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                raise ValueError("BCa interval is NaN")
+        except Exception as err:  # BCa is undefined on degenerate resamples: percentile, and say so
+            method = f"percentile (BCa failed: {err})"
+            lo, hi = _percentile_interval(x, y, n_boot, ci, np.random.default_rng(seed))
+    p = permutation_p(x, y, n_perm, np.random.default_rng(seed + 1))
+    return {"r": float(r), "ci_low": float(lo), "ci_high": float(hi), "ci_method": method, "p_value": p, "n": n}
+
+
+def _percentile_interval(x, y, n_boot: int, ci: float, rng) -> tuple[float, float]:
+    """Paired percentile bootstrap of Pearson r; resamples where r is undefined (a constant
+    variable) are left out rather than making the interval NaN."""
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    xb, yb = x[idx], y[idx]
+    xc, yc = xb - xb.mean(1, keepdims=True), yb - yb.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (xc * yc).sum(1) / np.sqrt((xc ** 2).sum(1) * (yc ** 2).sum(1))
+    r = r[np.isfinite(r)]
+    if not len(r):
+        return float("nan"), float("nan")
+    a = (1 - ci) / 2
+    return float(np.quantile(r, a)), float(np.quantile(r, 1 - a))
 
 
 def spearman(x, y) -> dict:

@@ -5,25 +5,32 @@ For every relation:
 
 1. **Readability**: a probe sweep on the *pretrained* model, from the subject's last-token state
    at every layer to the original answer (:class:`probes.ProbeSweep`, stratified k-fold, control
-   task). Reported at the best layer and at a fixed middle layer, raw and chance-corrected
-   (``(acc - chance) / (1 - chance)``, chance = 1 / #answers).
+   task). Reported at the best layer (highest kappa) and at a fixed middle layer, raw and as
+   Cohen's kappa of the cross-validated predictions (:mod:`interp.study.chance`: chance measured
+   against the empirical answer distribution, so a probe that learns the prior scores 0).
 2. **Pretrained accuracy** on the original relation: the model's top answer among the relation's
    answers (full-sequence scores, :mod:`interp.scoring`), and its own top-k answers per subject.
-3. **Relabel and split** (:mod:`interp.study.design`): answers -> labels of a category; per answer
-   ``n_finetune`` subjects are fine-tuned on, the rest held out.
+3. **Relabel and split** (:mod:`interp.study.design`): answers -> labels of a category; each
+   relation's budget of fine-tuning subjects (drawn independently of its number of answers) is
+   spread over its answers, the rest are held out.
 4. **Fine-tune** on the new relation only (:mod:`interp.study.finetune`), full or LoRA.
 5. **Generalization**: held-out accuracy of the new labels (top label among the relation's
-   labels), raw and chance-corrected.
-6. **Statistics** across relations (:mod:`interp.study.stats`): Pearson r with bootstrap CI and
-   permutation p, Spearman, partial correlations controlling for the number of fine-tuning
-   subjects, the number of answers, pretrained accuracy and subject frequency (world: exact
-   mention counts; real models: a proxy, the pretrained model's mean log-probability of the
-   subject's tokens after the first), separately and jointly.
-7. **Robustness**: the correlation for re-randomized label assignments, other fine-tuning seeds
-   and other label categories; its spread.
-8. **Error back-mapping**: each wrong held-out label maps back to the original answer it stands
-   for; how often is that answer among the probe's top-k answers for the subject (cross-validated
-   read-out at the best layer), versus among the pretrained model's own top-k?
+   labels), raw and as Cohen's kappa.
+6. **Statistics** across relations (:mod:`interp.study.stats`), headline on kappa: Pearson r with
+   bootstrap CI and permutation p, Spearman, partial correlations controlling for the number of
+   fine-tuning subjects, the number of answers, the chance level, pretrained accuracy and subject
+   frequency (world: exact mention counts; real models: a proxy, the pretrained model's mean
+   log-probability of the subject's tokens after the first), separately and jointly.
+7. **Null calibration** (:mod:`interp.study.null`): the same statistics on simulated studies with
+   no generalization beyond chance; their false-positive rates.
+8. **Robustness**: the correlation for re-randomized label assignments, other fine-tuning seeds
+   and other label categories; its spread; which relations a seed cannot change.
+9. **Error back-mapping**: each wrong held-out label maps back to the (wrong) original answer it
+   stands for; how often is that answer among the probe's top-k *wrong* answers for the subject
+   (cross-validated read-out at the best layer), versus among the pretrained model's, each
+   against a uniformly random wrong answer (:mod:`interp.study.backmap`)?
+
+Every input is checked before the first forward pass (:mod:`interp.study.validate`).
 
 Everything is written to ``out_dir`` as it is computed: each stage's table and each fine-tune as
 its own file (atomically), so a killed study restarts where it stopped and gives the same numbers.
@@ -44,19 +51,30 @@ from tqdm.auto import tqdm
 from ..models import Model
 from ..relations import Relation, RelationError
 from ..scoring import candidate_logprobs
-from ..store import atomic_write_bytes
-from .design import make_design
+from .chance import chance_levels, expected_agreement, kappa
+from .design import finetune_budget, make_design, per_answer
 from .finetune import FinetuneConfig, finetune
+from .tables import write_csv, write_json
 
 
 @dataclass(frozen=True)
 class StudyConfig:
+    """Hyperparameters of a study (checked by :func:`interp.study.validate.validate_study`).
+
+    ``finetune_budget``: range of each relation's number of fine-tuning subjects (drawn per
+    relation, independent of its answers); ``n_finetune``: instead, a fixed number per answer
+    (then the number of fine-tuning subjects is ``n_finetune x #answers``, the same variable as
+    the number of answers). ``n_null``: simulated null studies for the calibration table.
+    """
+
     category: str = "animals"
     other_categories: tuple[str, ...] = ("colours", "fruits", "instruments")
     label_seeds: tuple[int, ...] = (0, 1, 2)
     finetune_seeds: tuple[int, ...] = (0, 1, 2)
     methods: tuple[str, ...] = ("full", "lora")
-    n_finetune: int = 5
+    n_finetune: Optional[int] = None
+    finetune_budget: tuple[int, int] = (40, 120)
+    min_per_answer: int = 2
     split_seed: int = 0
     folds: int = 5
     probe_C: float = 1.0
@@ -64,13 +82,30 @@ class StudyConfig:
     top_k: int = 3
     n_boot: int = 2000
     n_perm: int = 2000
+    n_null: int = 2000
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        return _digest(self.to_dict())
+
+    def per_answer(self, relation: Relation) -> int:
+        """Fine-tuning subjects per answer for ``relation`` (see :mod:`interp.study.design`)."""
+        if self.n_finetune is not None:
+            return self.n_finetune
+        budget = finetune_budget(relation.name, *self.finetune_budget, seed=self.split_seed)
+        return per_answer(budget, len(set(relation.answers)), self.min_per_answer)
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def relation_digest(r: Relation) -> str:
+    """A hash of a relation's contents (subjects, answers, prompts), not just its name."""
+    return _digest({"subjects": r.subjects, "answers": r.answers, "prompts": [p.text for p in r.prompts()]})
 
 
 @dataclass(frozen=True)
@@ -86,54 +121,39 @@ class Job:
         return f"{self.relation}__{self.method}__{self.category}__l{self.label_seed}__f{self.finetune_seed}"
 
 
-def _write_csv(df: pd.DataFrame, path: Path) -> None:
-    atomic_write_bytes(path, df.to_csv(index=False).encode())
-
-
-def _write_json(obj, path: Path) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, default=_json_default).encode())
-
-
-def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o))
-
-
 class Study:
     """A configured generalization study over ``relations`` on ``model``; :meth:`run` executes it.
 
     ``labels``: label categories (name -> words). ``subject_frequency``: a function
     ``(relation, subject) -> frequency``; default: the model's log-probability proxy.
+    ``trained_tokens``: token ids the model was trained on (the world model: its corpus); a
+    fine-tuning prompt or label using any other token is warned about before any work.
     """
 
     def __init__(self, model: Model, relations: Sequence[Relation], out_dir: str | Path,
                  config: StudyConfig = StudyConfig(), labels: Optional[dict[str, Sequence[str]]] = None,
                  subject_frequency: Optional[Callable[[str, str], float]] = None, frequency_source: str = "proxy",
-                 progress: Optional[bool] = None):
-        if not relations:
-            raise ValueError("a study needs at least one relation")
+                 progress: Optional[bool] = None, trained_tokens: Optional[set[int]] = None):
         self.model = model
         self.relations = {r.name: r for r in relations}
+        self.relation_list = list(relations)
         self.out = Path(out_dir)
         self.config = config
         from ..world.vocab import LABELS
 
         self.labels = {k: tuple(v) for k, v in (labels or LABELS).items()}
-        if config.category not in self.labels:
-            raise ValueError(f"unknown label category {config.category!r}; have {', '.join(self.labels)}")
         self.subject_frequency = subject_frequency
         self.frequency_source = frequency_source if subject_frequency is not None else "proxy: mean log-prob of subject tokens"
         self.progress = progress
-        module = model.hf_model
-        if module is None:
-            raise ValueError("the study fine-tunes a HuggingFace module; this model handle has none")
-        self.module = module
-        self.fixed_layer = config.fixed_layer if config.fixed_layer is not None else model.n_layers // 2
+        self.trained_tokens = trained_tokens
+
+    @property
+    def module(self):
+        return self.model.hf_model
+
+    @property
+    def fixed_layer(self) -> int:
+        return self.config.fixed_layer if self.config.fixed_layer is not None else self.model.n_layers // 2
 
     # jobs ------------------------------------------------------------------------------------
     def jobs(self) -> list[Job]:
@@ -147,44 +167,49 @@ class Study:
         order = sorted(specs, key=lambda s: (s[0] != m0, s[1] != c.category, s[2], s[3], s[1], s[0]))
         return [Job(r, *s) for s in order for r in self.relations]
 
+    def design(self, relation: Relation, category: str, label_seed: int):
+        return make_design(relation, self.labels[category], self.config.per_answer(relation), label_seed,
+                           self.config.split_seed, category)
+
     # stages ----------------------------------------------------------------------------------
     def _check_folder(self) -> None:
+        """Refuse a folder that holds a different study: compared by content (model weights,
+        each relation's subjects/answers/prompts, configuration), and say what differs."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "runs").mkdir(exist_ok=True)
         meta = {"config": self.config.to_dict(), "model": self.model.name, "fingerprint": self.model.fingerprint(),
-                "relations": sorted(self.relations)}
+                "relations": {name: relation_digest(r) for name, r in sorted(self.relations.items())}}
         path = self.out / "study.json"
         if path.exists():
             old = json.loads(path.read_text())
-            if old != meta:
-                raise ValueError(f"{self.out} holds a study with a different model, relations or configuration; "
-                                 "use a new output folder (or delete this one) to start over")
+            diffs = _differences(old, meta)
+            if diffs:
+                raise ValueError(f"{self.out} holds a different study ({'; '.join(diffs)}); use a new output folder "
+                                 "(or delete this one) to start over")
         else:
-            _write_json(meta, path)
+            write_json(meta, path)
 
-    def _readability(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def _readability(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         from probes import ProbeSweep
 
-        path, ro_path = self.out / "readability.csv", self.out / "probe_readout.csv"
-        if path.exists() and ro_path.exists():
-            ro = pd.read_csv(ro_path)
+        paths = [self.out / f for f in ("readability.csv", "readability_layers.csv", "probe_readout.csv")]
+        if all(p.exists() for p in paths):
+            ro = pd.read_csv(paths[2])
             ro["top_answers"] = ro["top_answers"].map(json.loads)
-            return pd.read_csv(path), ro
-        sweep = ProbeSweep(folds=self.config.folds, C=self.config.probe_C, top_k=self.config.top_k, progress=self.progress)
-        table = sweep.run(self.model, list(self.relations.values()), model_name=self.model.name)
-        best = self._best_layers(table)
+            return pd.read_csv(paths[0]), pd.read_csv(paths[1]), ro
+        # k + 1 ranked answers, so that k remain after the true answer is removed (back-mapping)
+        sweep = ProbeSweep(folds=self.config.folds, C=self.config.probe_C, top_k=self.config.top_k + 1, progress=self.progress)
+        table = sweep.run(self.model, self.relation_list, model_name=self.model.name)
+        layers = readability_by_layer(table, sweep.readout_)
+        best = best_layers(layers)
         ro = sweep.readout_
         ro = ro[ro.apply(lambda r: r["layer"] in (best[r["relation"]], self.fixed_layer), axis=1)].copy()
         ro["top_answers"] = ro["top_answers"].map(json.dumps)
-        _write_csv(ro, ro_path)
-        _write_csv(table, path)
+        write_csv(ro, paths[2])
+        write_csv(layers, paths[1])
+        write_csv(table, paths[0])
         ro["top_answers"] = ro["top_answers"].map(json.loads)
-        return table, ro
-
-    @staticmethod
-    def _best_layers(table: pd.DataFrame) -> dict[str, int]:
-        mean = table.groupby(["relation", "layer"]).accuracy.mean()
-        return {rel: int(mean[rel].idxmax()) for rel in table.relation.unique()}
+        return table, layers, ro
 
     def _pretrained(self) -> pd.DataFrame:
         path = self.out / "pretrained.csv"
@@ -197,15 +222,14 @@ class Study:
             answers = r.answer_set
             scores = candidate_logprobs(self.module, self.model.tokenizer, [p.text for p in r.prompts()], answers,
                                         pad_id=self.model.pad_token_id)
-            k = min(self.config.top_k, len(answers))
-            top = scores.topk(k, -1).indices
+            top = scores.topk(min(self.config.top_k + 1, len(answers)), -1).indices
             freq = self._frequencies(r)
             for i, (s, a) in enumerate(zip(r.subjects, r.answers)):
                 ranked = [answers[j] for j in top[i].tolist()]
                 rows.append({"relation": r.name, "subject": s, "answer": a, "model_answer": ranked[0],
                              "correct": ranked[0] == a, "model_top_answers": json.dumps(ranked), "subject_frequency": freq[i]})
         df = pd.DataFrame(rows)
-        _write_csv(df, path)
+        write_csv(df, path)
         df["model_top_answers"] = df["model_top_answers"].map(json.loads)
         return df
 
@@ -231,15 +255,14 @@ class Study:
         if path.exists():
             return json.loads(path.read_text())
         r = self.relations[job.relation]
-        labels = self.labels[job.category]
         base = {**asdict(job), "job": job.id}
         try:
-            design = make_design(r, labels, self.config.n_finetune, job.label_seed, self.config.split_seed, job.category)
+            design = self.design(r, job.category, job.label_seed)
         except RelationError as err:
             if job.category == self.config.category:
                 raise
             result = {**base, "status": "skipped", "reason": str(err)}  # documented: too few labels in a robustness category
-            _write_json(result, path)
+            write_json(result, path)
             return result
         label_set = design.labels
         tmpl = self.config.finetune.template
@@ -252,6 +275,7 @@ class Study:
         pred = [label_set[j] for j in scores.argmax(-1).tolist()]
         probe_top = {row.subject: row.top_answers for row in readout[(readout.relation == r.name) & (readout.layer == best_layer)].itertuples()}
         model_top = {row.subject: row.model_top_answers for row in pretrained[pretrained.relation == r.name].itertuples()}
+        k = self.config.top_k
         preds = []
         for i, p in zip(design.heldout, pred):
             s, a = r.subjects[i], r.answers[i]
@@ -259,15 +283,19 @@ class Study:
             wrong = p != design.mapping[a]
             preds.append({"subject": s, "answer": a, "label": design.mapping[a], "predicted_label": p, "correct": not wrong,
                           "backmapped_answer": back,
-                          "in_probe_topk": (back in probe_top.get(s, [])) if wrong else None,
-                          "in_model_topk": (back in model_top.get(s, [])) if wrong else None})
+                          "in_probe_topk": (back in wrong_top(probe_top.get(s, []), a, k)) if wrong else None,
+                          "in_model_topk": (back in wrong_top(model_top.get(s, []), a, k)) if wrong else None})
+        truth = [q["label"] for q in preds]
         acc = float(np.mean([q["correct"] for q in preds]))
-        chance = 1.0 / len(label_set)
+        levels = chance_levels(truth)
         result = {**base, "status": "done", "n_answers": len(label_set), "n_finetune_subjects": len(design.finetune),
                   "n_heldout": len(design.heldout), "dropped_answers": design.dropped_answers, "mapping": design.mapping,
-                  "generalization": acc, "chance": chance, "generalization_cc": (acc - chance) / (1 - chance),
+                  "generalization": acc, "generalization_kappa": kappa(truth, pred),
+                  "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
+                  "chance_expected": expected_agreement(truth, pred),
+                  "full_batch": len(design.finetune) <= self.config.finetune.batch_size,
                   **info, "predictions": preds}
-        _write_json(result, path)
+        write_json(result, path)
         del tuned
         return result
 
@@ -275,21 +303,30 @@ class Study:
         return None if self.progress is None else not self.progress
 
     # the whole study ---------------------------------------------------------------------------
+    def validate(self) -> list[str]:
+        """Check every input before any work (raises :class:`StudyConfigError` listing all
+        problems); returns warnings (e.g. prompt tokens the model was never trained on)."""
+        from .validate import validate_study
+
+        return validate_study(self)
+
     def run(self, max_jobs: Optional[int] = None, executor=None) -> "StudyResult":
         """Run (or resume) the study; ``max_jobs`` stops after that many new fine-tunes (for
         budgeting, and to test resumption). ``executor``: where the fine-tunes run
         (:mod:`interp.executors`: ``"serial"`` by default, ``"ray"`` or an Executor)."""
         from ..executors import SerialExecutor, executor_for
 
+        notes = self.validate()
+        ex = executor_for(executor)
         self._check_folder()
-        readability, readout = self._readability()
+        write_json({"untrained_prompt_tokens": notes}, self.out / "warnings.json")
+        readability, layers, readout = self._readability()
         pretrained = self._pretrained()
-        best = self._best_layers(readability)
+        best = best_layers(layers)
         jobs = self.jobs()
         todo = [j for j in jobs if not (self.out / "runs" / f"{j.id}.json").exists()]
         if max_jobs is not None:
             todo = todo[:max_jobs]
-        ex = executor_for(executor)
         if isinstance(ex, SerialExecutor):
             if ex.progress is None:
                 ex.progress = self.progress
@@ -309,8 +346,58 @@ class Study:
         results = [json.loads((self.out / "runs" / f"{j.id}.json").read_text()) for j in jobs]
         from .summary import summarize
 
-        summarize(self, readability, readout, pretrained, results, best)
+        summarize(self, readability, layers, readout, pretrained, results, best, notes)
         return StudyResult(self.out, complete=True)
+
+
+def wrong_top(ranked: Sequence[str], answer: str, k: int) -> list[str]:
+    """The first ``k`` answers of a ranking with the true ``answer`` removed."""
+    return [a for a in ranked if a != answer][:k]
+
+
+def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataFrame:
+    """One row per (relation, layer): mean probe accuracy over folds, Cohen's kappa of the pooled
+    cross-validated predictions, the three chance levels of the probed subjects, the shuffled-label
+    control's accuracy and the selectivity."""
+    mean = table.groupby(["relation", "layer"])[["accuracy", "control_accuracy", "selectivity"]].mean()
+    rows = []
+    first_seed = readout.seed.min()
+    for (rel, layer), g in readout[readout.seed == first_seed].groupby(["relation", "layer"], sort=False):
+        levels = chance_levels(list(g.answer))
+        m = mean.loc[(rel, layer)]
+        rows.append({"relation": rel, "layer": int(layer), "accuracy": float(m.accuracy), "kappa": kappa(list(g.answer), list(g.predicted)),
+                     "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
+                     "control_accuracy": float(m.control_accuracy), "selectivity": float(m.selectivity), "n_subjects": len(g)})
+    return pd.DataFrame(rows)
+
+
+def best_layers(layers: pd.DataFrame) -> dict[str, int]:
+    """Each relation's best layer: the highest probe kappa (the lowest layer on ties)."""
+    out = {}
+    for rel, g in layers.groupby("relation", sort=False):
+        g = g.sort_values("layer")
+        out[rel] = int(g.layer.iloc[int(np.nanargmax(g.kappa.to_numpy()))]) if g.kappa.notna().any() else int(g.layer.iloc[0])
+    return out
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    out = []
+    if old.get("fingerprint") != new["fingerprint"] or old.get("model") != new["model"]:
+        out.append(f"model {old.get('model')!r} (weights {old.get('fingerprint')}) vs {new['model']!r} (weights {new['fingerprint']})")
+    if old.get("config") != new["config"]:
+        oc, nc = old.get("config") or {}, new["config"]
+        keys = sorted(k for k in set(oc) | set(nc) if oc.get(k) != nc.get(k))
+        out.append("configuration: " + ", ".join(f"{k} {oc.get(k)!r} -> {nc.get(k)!r}" for k in keys))
+    orel, nrel = old.get("relations") or {}, new["relations"]
+    if isinstance(orel, list):  # a folder written before relation contents were hashed
+        orel = {name: None for name in orel}
+    if orel != nrel:
+        added, removed = sorted(set(nrel) - set(orel)), sorted(set(orel) - set(nrel))
+        changed = sorted(k for k in set(orel) & set(nrel) if orel[k] != nrel[k])
+        parts = ([f"added {added}"] if added else []) + ([f"removed {removed}"] if removed else []) + \
+                ([f"contents changed: {changed}"] if changed else [])
+        out.append("relations " + ", ".join(parts))
+    return out
 
 
 @dataclass

@@ -10,6 +10,7 @@ the same world and the same corpus.
 """
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass
 from functools import cached_property
@@ -116,45 +117,101 @@ class World:
         return dict(LABELS)
 
     # corpus --------------------------------------------------------------------------------
-    def corpus(self) -> list[str]:
-        """The pretraining documents, in a deterministic shuffled order."""
-        rng = random.Random(self.spec.seed + 1)
-        docs: list[str] = []
+    def documents(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The pretraining documents with the relations whose facts each one states, in a
+        deterministic shuffled order (``()`` for label and study-word sentences).
+
+        Every random choice that writes a fact (which paraphrase, the sentence order of an
+        augmented biography) is drawn from a generator seeded by the world seed, the subject and
+        the relation (or biography), never from one shared stream. So changing how some relations
+        are written leaves every other relation's documents identical, sentence for sentence: the
+        causal test's two worlds differ in the manipulated relations alone (a test checks it with
+        :meth:`relation_digest`).
+        """
+        seed = self.spec.seed
+        docs: list[tuple[str, tuple[str, ...]]] = []
         rels = self.spec.relations
         aug_bio = [r.name for r in rels if r.bio and r.augment]
         fixed_bio = self._fixed_bio_order
         loose = [r for r in rels if not r.bio]
         for s in self.subjects:
             f = self.frequency[s]
+            rng = _stream(seed, "augmented-bio", s, *aug_bio)
             for _ in range(max((self.relation[n].mentions for n in aug_bio), default=0) * f):
-                names = [n for n in aug_bio]
+                names = list(aug_bio)
                 rng.shuffle(names)
-                docs.append(" ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names))
+                docs.append((" ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names), tuple(aug_bio)))
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
-                docs.append(self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .")
+                docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
             for r in loose:
+                rng = _stream(seed, "statement", s, r.name)
                 for _ in range(r.mentions * f):
-                    docs.append(f"{s} {rng.choice(self.templates(r.name))} {self.answer(s, r.name)} .")
+                    docs.append((f"{s} {rng.choice(self.templates(r.name))} {self.answer(s, r.name)} .", (r.name,)))
+        rng = _stream(seed, "labels")
         for category, words in LABELS.items():
             for w in words:
                 for _ in range(self.spec.label_sentences):
-                    docs.append(rng.choice(LABEL_CONTEXTS).format(w=w) + f" a {w} is one of the {category} .")
-        rng.shuffle(docs)
+                    docs.append((rng.choice(LABEL_CONTEXTS).format(w=w) + f" a {w} is one of the {category} .", ()))
+        # the relabelling templates' words in sentences about nothing in the world, so that a
+        # fine-tuning prompt is made of tokens the model has been trained on
+        for template in STUDY_TEMPLATES:
+            for a, b in STUDY_WORD_PAIRS:
+                for _ in range(self.spec.label_sentences):
+                    docs.append((f"the {a} {template} {b} .", ()))
+        _stream(seed, "order").shuffle(docs)
         return docs
+
+    def corpus(self) -> list[str]:
+        """The pretraining documents, in a deterministic shuffled order (see :meth:`documents`)."""
+        return [text for text, _ in self.documents()]
+
+    def relation_digests(self) -> dict[str, str]:
+        """A hash per relation of everything the world writes about it: the sorted documents that
+        state its facts, and its queries. Equal digests = the relation is written identically."""
+        docs: dict[str, list[str]] = {r.name: [] for r in self.spec.relations}
+        for text, rels in self.documents():
+            for r in rels:
+                docs[r].append(text)
+        out = {}
+        for name, texts in docs.items():
+            q = self.queries(name)
+            h = hashlib.sha256()
+            for part in sorted(texts) + list(q.prompt) + list(q.answer):
+                h.update(part.encode() + b"\n")
+            out[name] = h.hexdigest()[:16]
+        return out
+
+    def relation_digest(self, relation: str) -> str:
+        """:meth:`relation_digests` of one relation."""
+        return self.relation_digests()[relation]
 
     def vocabulary(self) -> list[str]:
         """Every word the corpus, the queries and relabelling fine-tunes can use."""
         words: set[str] = set()
         for doc in self.corpus():
             words.update(doc.split())
-        for r in self.spec.relations:
-            for t in self.templates(r.name):
-                words.update(t.split())
+        for r in self.spec.relations:  # every paraphrase a relation could be written with, so
+            for t in TEMPLATE_PATTERNS:  # worlds that differ only in writing share one tokenizer
+                words.update(t.format(noun=r.noun).split())
         for ws in LABELS.values():
             words.update(ws)
         words.update(_STUDY_WORDS)
         return sorted(words)
 
 
-#: Words that relabelling templates use (a template that never names the original relation).
-_STUDY_WORDS = "is associated with the word belongs to group goes with tag label".split()
+#: Relabelling templates' wording (a template that never names the original relation); the corpus
+#: uses each in unrelated sentences (:data:`STUDY_WORD_PAIRS`), so their tokens are trained.
+STUDY_TEMPLATES = ("is associated with the word", "belongs to group", "goes with tag")
+STUDY_WORD_PAIRS = (
+    ("rain", "cloud"), ("bread", "butter"), ("night", "moon"), ("winter", "snow"), ("fire", "smoke"),
+    ("sea", "salt"), ("road", "car"), ("book", "page"), ("tree", "leaf"), ("song", "voice"),
+    ("garden", "flower"), ("clock", "time"), ("house", "door"), ("school", "lesson"), ("market", "coin"),
+    ("storm", "wind"), ("kitchen", "knife"), ("desert", "sand"), ("letter", "stamp"), ("bridge", "river"),
+)
+_STUDY_WORDS = sorted({w for t in STUDY_TEMPLATES for w in t.split()} | {"label"})
+
+
+def _stream(seed: int, *key: str) -> random.Random:
+    """A generator of its own for one part of the corpus (stable across Python runs)."""
+    digest = hashlib.sha256("\x1f".join((str(seed),) + key).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))

@@ -1,0 +1,190 @@
+"""Null calibration: would the study find its correlation in a model that does not generalize?
+
+The hypothesis "readability predicts generalization" is tested by a correlation across
+relations. A statistic is only evidence if studies *without* any generalization beyond chance
+reject at the nominal rate. This module simulates such studies with this study's own design:
+
+- each relation keeps its measured readability (raw and kappa), its covariates, its held-out
+  subjects with their true labels, and the fine-tuned model's own label preferences (the share
+  ``q_a`` of held-out subjects given each label in the main run);
+- each simulated fine-tune labels every held-out subject by a draw from ``q``, *independent of
+  the subject* (no generalization beyond chance: the noise is the binomial/multinomial noise of
+  the real test-set sizes);
+- every statistic the study reports is recomputed: Pearson r (permutation p, and the t-test p),
+  Spearman, and the partial correlations with each covariate and with all jointly, on raw
+  accuracies and on kappa.
+
+The false-positive rate at ``alpha`` of each statistic, with its Monte-Carlo standard error, is
+the calibration table. Raw accuracies carry the chance level (fewer or more lopsided answers give
+a higher accuracy to a blind guess, and readability rises with them too), so the raw r rejects
+far more often than ``alpha``; kappa is 0 in expectation for every blind guess, so its r holds
+the nominal rate (tested on small settings in ``tests/test_study.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .stats import COVARIATES
+
+
+@dataclass
+class NullDesign:
+    """What a simulated study keeps from the real one, per relation (in the same order)."""
+
+    relations: list[str]
+    truth: list[np.ndarray]  # per relation: held-out label codes [n_heldout]
+    label_shares: list[np.ndarray]  # per relation: the fine-tuned model's label shares q [n_labels]
+    readability: np.ndarray  # raw best-layer readability [R]
+    readability_kappa: np.ndarray  # kappa best-layer readability [R]
+    covariates: pd.DataFrame  # [R, covariates]
+
+
+def null_design(relations: pd.DataFrame, predictions: pd.DataFrame, method: str, category: str, label_seed: int,
+                finetune_seed: int) -> NullDesign:
+    """The null design of a finished study from its saved ``relations`` and ``predictions`` tables."""
+    main = predictions[(predictions.method == method) & (predictions.category == category)
+                       & (predictions.label_seed == label_seed) & (predictions.finetune_seed == finetune_seed)]
+    truth, shares = [], []
+    for name in relations.relation:
+        g = main[main.relation == name]
+        labels = sorted(set(g.label) | set(g.predicted_label))
+        code = {lab: i for i, lab in enumerate(labels)}
+        truth.append(g.label.map(code).to_numpy())
+        shares.append(np.bincount(g.predicted_label.map(code).to_numpy(), minlength=len(labels)) / len(g))
+    cov = relations[[c for c in COVARIATES if c in relations]].reset_index(drop=True)
+    return NullDesign(list(relations.relation), truth, shares, relations.readability_best.to_numpy(float),
+                      relations.readability_best_kappa.to_numpy(float), cov)
+
+
+def simulate_outcomes(design: NullDesign, n_sim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Raw accuracy and kappa of ``n_sim`` blind fine-tunes per relation: two ``[n_sim, R]`` arrays."""
+    rng = np.random.default_rng(seed)
+    raw = np.empty((n_sim, len(design.relations)))
+    kap = np.empty_like(raw)
+    for j, (truth, q) in enumerate(zip(design.truth, design.label_shares)):
+        n, L = len(truth), len(q)
+        pred = rng.choice(L, size=(n_sim, n), p=q)
+        acc = (pred == truth[None, :]).mean(1)
+        p_true = np.bincount(truth, minlength=L) / n
+        q_hat = np.stack([np.bincount(row, minlength=L) for row in pred]) / n
+        p_e = q_hat @ p_true
+        raw[:, j] = acc
+        with np.errstate(invalid="ignore", divide="ignore"):
+            kap[:, j] = np.where(p_e < 1 - 1e-12, (acc - p_e) / (1 - p_e), np.nan)
+    return raw, kap
+
+
+def _corr_rows(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Pearson r of a fixed ``x`` [R] with every row of ``Y`` [S, R]."""
+    xs = (x - x.mean()) / x.std()
+    Yc = Y - Y.mean(1, keepdims=True)
+    sd = Yc.std(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (Yc @ xs) / len(x) / sd
+
+
+def _t_p(r: np.ndarray, df: int) -> np.ndarray:
+    t = r * np.sqrt(df / np.maximum(1e-300, 1 - r * r))
+    return 2 * stats.t.sf(np.abs(t), df)
+
+
+def _residualize(v: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, int]:
+    """Residuals of ``v`` ([R] or [S, R]) on the columns of ``Z`` (with a constant); the rank used."""
+    Zc = np.column_stack([np.ones(len(Z)), Z])
+    H = Zc @ np.linalg.pinv(Zc)
+    k = int(np.linalg.matrix_rank(Zc)) - 1
+    return v - v @ H.T, k
+
+
+def null_statistics(x: np.ndarray, Y: np.ndarray, covariates: pd.DataFrame, n_perm: int = 999,
+                    seed: int = 0) -> dict[str, np.ndarray]:
+    """p-values (and r) of every statistic the study reports, for each simulated outcome row."""
+    rng = np.random.default_rng(seed)
+    S, R = Y.shape
+    out: dict[str, np.ndarray] = {}
+    r = _corr_rows(x, Y)
+    out["pearson"] = r
+    # permutation p, fresh permutations for every simulated study
+    xs = (x - x.mean()) / x.std()
+    Ys = (Y - Y.mean(1, keepdims=True)) / Y.std(1, keepdims=True)
+    p_perm = np.empty(S)
+    for s in range(S):
+        perms = rng.permuted(np.tile(np.arange(R), (n_perm, 1)), axis=1)
+        r_perm = xs[perms] @ Ys[s] / R
+        p_perm[s] = (1 + np.sum(np.abs(r_perm) >= abs(r[s]) - 1e-12)) / (n_perm + 1)
+    out["p:pearson"] = np.where(np.isfinite(r), p_perm, np.nan)
+    out["p:pearson (t-test)"] = _t_p(r, R - 2)
+    rho = _corr_rows(stats.rankdata(x), stats.rankdata(Y, axis=1))
+    out["spearman"], out["p:spearman"] = rho, _t_p(rho, R - 2)
+    usable = [c for c in covariates if covariates[c].nunique() > 1]
+    sets = [[c] for c in usable] + ([usable] if len(usable) > 1 and R - 2 - len(usable) >= 1 else [])
+    for cols in sets:
+        name = f"partial:{cols[0]}" if len(cols) == 1 else "partial:all"
+        Z = covariates[cols].to_numpy(float)
+        rx, k = _residualize(x, Z)
+        ry, _ = _residualize(Y, Z)
+        pr = _corr_rows(rx, ry)
+        out[name], out[f"p:{name}"] = pr, _t_p(pr, R - 2 - k)
+    return out
+
+
+def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05, seed: int = 0,
+                      n_perm: int = 999) -> pd.DataFrame:
+    """False-positive rate at ``alpha`` of every statistic, raw and kappa, over ``n_sim`` null studies.
+
+    Columns: ``outcome`` (``generalization`` raw / ``generalization_kappa``), ``predictor``,
+    ``analysis``, ``false_positive_rate`` (share of simulations with p < alpha; a simulation
+    whose statistic is undefined counts as no rejection), ``mc_se`` (its binomial standard
+    error), ``mean_r``, ``sd_r``, ``n_sim``, ``n_undefined``, ``alpha``.
+    """
+    raw, kap = simulate_outcomes(design, n_sim, seed)
+    rows = []
+    for outcome, predictor, x, Y in (("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap),
+                                     ("generalization", "readability_best", design.readability, raw)):
+        res = null_statistics(x, Y, design.covariates, n_perm=n_perm, seed=seed + 1)
+        for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:
+            p = res[f"p:{name}"]
+            r = res[name if name in res else "pearson"]
+            fpr = float(np.mean(np.nan_to_num(p, nan=1.0) < alpha))
+            rows.append({"outcome": outcome, "predictor": predictor, "analysis": name, "false_positive_rate": fpr,
+                         "mc_se": float(np.sqrt(fpr * (1 - fpr) / n_sim)), "mean_r": float(np.nanmean(r)),
+                         "sd_r": float(np.nanstd(r)), "n_sim": n_sim, "n_undefined": int(np.isnan(p).sum()), "alpha": alpha})
+    return pd.DataFrame(rows)
+
+
+def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> pd.DataFrame:
+    """Recompute the null-calibration table of a finished study folder from its saved tables (the
+    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``summary.json`` and the
+    report."""
+    import json
+    from pathlib import Path
+
+    from .tables import write_csv, write_json
+
+    out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    c = summary["config"]
+    design = null_design(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c["methods"][0],
+                         c["category"], c["label_seeds"][0], c["finetune_seeds"][0])
+    n_sim = n_sim or c.get("n_null", 2000)
+    table = calibration_table(design, n_sim=n_sim, seed=c["split_seed"] if seed is None else seed)
+    write_csv(table, out / "null_calibration.csv")
+    head = summary["headline"]
+
+    def fpr(outcome):
+        return float(table[(table.outcome == outcome) & (table.analysis == "pearson")].false_positive_rate.iloc[0])
+
+    summary["null_calibration"] = {"n_sim": n_sim, "alpha": 0.05, "headline_false_positive_rate": fpr(head["outcome"]),
+                                   "raw_false_positive_rate": fpr(summary["raw"]["outcome"]),
+                                   "max_kappa_false_positive_rate": float(table[table.outcome == head["outcome"]].false_positive_rate.max())}
+    head["null_false_positive_rate"] = summary["null_calibration"]["headline_false_positive_rate"]
+    summary["raw"]["null_false_positive_rate"] = summary["null_calibration"]["raw_false_positive_rate"]
+    write_json(summary, out / "summary.json")
+    from .report import write_report
+
+    write_report(out)
+    return table

@@ -1,0 +1,118 @@
+"""The study's measures mean what they say: kappa, chance levels, the budget design, the null
+calibration of every statistic, and the back-mapping baseline."""
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+from sklearn.metrics import cohen_kappa_score
+
+from interp.study.backmap import backmap_summary, backmap_table
+from interp.study.chance import chance_levels, kappa
+from interp.study.design import finetune_budget, per_answer
+from interp.study.null import NullDesign, calibration_table, simulate_outcomes
+from interp.study.stats import pearson, permutation_p
+
+
+def test_kappa_equals_sklearn_and_is_zero_for_every_blind_guess():
+    rng = np.random.default_rng(0)
+    true = rng.choice(list("abcd"), size=400, p=[0.55, 0.25, 0.15, 0.05])
+    pred = np.where(rng.random(400) < 0.6, true, rng.choice(list("abcd"), size=400))
+    assert kappa(list(true), list(pred)) == pytest.approx(cohen_kappa_score(true, pred))
+    assert kappa(list(true), ["a"] * 400) == pytest.approx(0.0)  # the majority answer scores 0, not 0.55 - 0.25
+    uniform = [np.mean([kappa(list(true), list(rng.choice(list("abcd"), 400))) for _ in range(200)])]
+    prior = [np.mean([kappa(list(true), list(rng.permutation(true))) for _ in range(200)])]
+    assert abs(uniform[0]) < 0.01 and abs(prior[0]) < 0.01
+    assert kappa(list(true), list(true)) == 1.0 and np.isnan(kappa(["a", "a"], ["a", "a"]))
+
+
+def test_chance_levels_of_an_imbalanced_relation():
+    levels = chance_levels(["x"] * 6 + ["y"] * 3 + ["z"])
+    assert levels == pytest.approx({"uniform": 1 / 3, "prior": 0.36 + 0.09 + 0.01, "majority": 0.6})
+    with pytest.raises(ValueError, match="at least one"):
+        chance_levels([])
+
+
+def test_the_budget_design_decouples_finetuning_subjects_from_answers():
+    rng = np.random.default_rng(1)
+    n_answers = rng.integers(2, 31, size=200)
+    n_ft = [per_answer(finetune_budget(f"relation{i}", 40, 120, seed=0), n) * n for i, n in enumerate(n_answers)]
+    r = sps.pearsonr(n_ft, n_answers).statistic
+    assert abs(r) < 0.5  # a fixed number per answer would make it exactly 1
+    assert finetune_budget("city", 40, 120, 0) == finetune_budget("city", 40, 120, 0) != finetune_budget("city", 40, 120, 1)
+
+
+def test_our_permutation_p_matches_scipy():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=15)
+    y = 0.4 * x + rng.normal(size=15)
+    ref = sps.permutation_test((x, y), lambda a, b: sps.pearsonr(a, b).statistic, permutation_type="pairings",
+                               n_resamples=9999, random_state=0).pvalue
+    assert permutation_p(x, y, 9999, np.random.default_rng(3)) == pytest.approx(ref, abs=0.02)
+
+
+def test_a_failed_bca_interval_is_reported():
+    x = np.array([0.0, 0.0, 0.0, 1.0, 1.0])
+    y = np.array([0.1, 0.3, 0.2, 0.9, 1.0])
+    res = pearson(x, y, n_boot=200, n_perm=99)
+    assert res["ci_method"].startswith("percentile (BCa failed")
+    assert np.isfinite(res["ci_low"]) and res["ci_low"] <= res["r"] <= res["ci_high"]
+    z = np.random.default_rng(0).normal(size=30)
+    assert pearson(z, z + np.random.default_rng(1).normal(size=30), n_boot=200, n_perm=99)["ci_method"] == "BCa"
+
+
+def _null_design(n_rel=16, seed=0) -> NullDesign:
+    """Relations like the world's: 2 to 30 answers, imbalanced, readability higher with fewer answers."""
+    rng = np.random.default_rng(seed)
+    truth, shares, read, read_k, rows = [], [], [], [], []
+    for j in range(n_rel):
+        n = int(rng.integers(2, 31))
+        p = rng.dirichlet(np.full(n, 3.0))
+        t = rng.choice(n, size=int(rng.integers(150, 900)), p=p)
+        truth.append(t)
+        shares.append(np.full(n, 1 / n))  # the fine-tuned model's labels, blind to the subject
+        k = float(np.clip(rng.normal(0.4, 0.25), 0, 1))
+        chance = float((np.bincount(t, minlength=n) / len(t)) @ (np.bincount(t, minlength=n) / len(t)))
+        read_k.append(k)
+        read.append(chance + (1 - chance) * k * 0.5 + 0.5 / n)  # raw readability carries chance, like a probe's
+        rows.append({"n_answers": n, "n_finetune_subjects": int(rng.integers(40, 121)), "chance": chance})
+    return NullDesign([f"r{j}" for j in range(n_rel)], truth, shares, np.array(read), np.array(read_k), pd.DataFrame(rows))
+
+
+def test_null_simulation_outcomes_have_no_generalization():
+    d = _null_design()
+    raw, kap = simulate_outcomes(d, 300, seed=0)
+    assert raw.shape == kap.shape == (300, 16)
+    # the blind fine-tune's raw accuracy is its chance level, 1/n for a uniform labeller; kappa is 0
+    expected = np.array([1 / len(q) for q in d.label_shares])
+    assert np.abs(raw.mean(0) - expected).max() < 0.02 and np.abs(kap.mean(0)).max() < 0.02
+
+
+def test_kappa_statistics_hold_the_nominal_rate_and_raw_r_does_not():
+    table = calibration_table(_null_design(), n_sim=500, seed=0, n_perm=499)
+    kap = table[table.outcome == "generalization_kappa"].set_index("analysis")
+    raw = table[table.outcome == "generalization"].set_index("analysis")
+    assert kap.loc["pearson", "false_positive_rate"] <= 0.06  # the headline statistic is calibrated
+    assert (kap.false_positive_rate <= 0.08).all()  # every kappa statistic, within Monte-Carlo error
+    assert raw.loc["pearson", "false_positive_rate"] > 0.3  # chance levels alone make raw accuracies correlate
+    assert set(kap.index) >= {"pearson", "spearman", "partial:n_answers", "partial:chance", "partial:all"}
+
+
+def test_backmap_against_a_uniformly_random_wrong_answer():
+    """Wrong labels that map back to a uniformly random wrong answer give observed/expected ~1 for
+    both lists, however often the lists contain the true answer."""
+    rng = np.random.default_rng(0)
+    n, k, rows = 10, 3, []
+    answers = [f"a{i}" for i in range(n)]
+    for rel in ("r1", "r2", "r3"):
+        for _ in range(2000):
+            true = rng.choice(answers)
+            wrong = [a for a in answers if a != true]
+            back = rng.choice(wrong)
+            probe_wrong = list(rng.choice(wrong, k, replace=False))
+            model_wrong = list(rng.choice(wrong, k, replace=False))
+            rows.append({"method": "full", "relation": rel, "in_probe_topk": back in probe_wrong, "in_model_topk": back in model_wrong})
+    table = backmap_table(pd.DataFrame(rows), {"r1": n, "r2": n, "r3": n}, k)
+    assert table.expected_rate.eq(3 / 9).all()
+    assert table.probe_ratio.between(0.9, 1.1).all() and table.model_ratio.between(0.9, 1.1).all()
+    s = backmap_summary(table, "full")
+    assert s["n_relations"] == 3 and s["probe_ratio"] == pytest.approx(1, abs=0.05)
