@@ -3,6 +3,7 @@
     interp study --out DIR           the generalization study on the embedded world model (main job)
     interp study figures DIR         redraw every figure and the report of a results folder
     interp study null DIR            null calibration: false-positive rates with no generalization
+    interp study findings            the findings page (docs/study.md) from saved tables
     interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
     interp figures DIR               redraw every figure of every result under DIR from saved data
     interp demo                      capture + probe demo on the embedded world model
@@ -107,6 +108,18 @@ def study(
                    f"probe {b['probe_ratio']:.2f}, model {b['model_ratio']:.2f} (paired Wilcoxon p = {b['wilcoxon_p']:.3g})")
     typer.echo(f"mean generalization kappa {s['generalization_kappa']}; mean train accuracy {s['train_accuracy']}")
     typer.echo(f"report: {out / 'report.html'}")
+
+
+@study_app.command("findings")
+def study_findings(
+    study: Path = typer.Option(Path("results/study"), help="a finished study's results folder"),
+    causal: Optional[Path] = typer.Option(None, help="a finished causal test's folder (optional)"),
+    out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
+):
+    """Write the findings page (Markdown) from saved study and causal-test tables."""
+    from interp.study.findings import write_findings
+
+    typer.echo(f"wrote {write_findings(study, out, causal)}")
 
 
 @study_app.command("null")

@@ -31,24 +31,64 @@ class ExportError(RuntimeError):
     pass
 
 
+#: seconds one figure's static export may take before the exporting process is killed and retried
+EXPORT_TIMEOUT = 120
+
+_EXPORT_CHILD = """
+import json, sys
+import kaleido
+import plotly.io as pio
+spec = json.load(open(sys.argv[1]))
+fig = pio.from_json(spec["fig"], skip_invalid=True)
+kaleido.write_fig_from_object_sync([{"fig": fig, "path": p, "opts": {"format": f}} for f, p in spec["targets"]])
+"""
+
+
 def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "png", "svg", "pdf")) -> list[Path]:
-    """Write ``fig`` as ``stem.<format>`` for each format; returns the paths written."""
+    """Write ``fig`` as ``stem.<format>`` for each format; returns the paths written.
+
+    Static formats are rendered by kaleido in a child process, all formats of the figure in one
+    browser session, with a time limit (:data:`EXPORT_TIMEOUT`): kaleido 1.x can very rarely hang
+    for ever (plotly/Kaleido#441), so a hung export is killed and tried once more, then reported
+    as an :class:`ExportError` rather than hanging the caller."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
+    formats = list(formats)
+    unknown = [f for f in formats if f not in ("html", "png", "svg", "pdf")]
+    if unknown:
+        raise ValueError(f"unknown export format {unknown[0]!r}; use html, png, svg or pdf")
     written = []
-    for fmt in formats:
-        path = stem.with_suffix("." + fmt)
-        if fmt == "html":
-            fig.write_html(path, include_plotlyjs=True, full_html=True)
-        elif fmt in ("png", "svg", "pdf"):
-            try:
-                fig.write_image(path, format=fmt)
-            except Exception as err:  # kaleido without a browser, or a browser that failed
-                raise ExportError(
-                    f"static export to {path.name} failed ({type(err).__name__}: {err}). kaleido needs Chromium: "
-                    "on Debian `apt-get install -y chromium`, or set BROWSER_PATH to a Chrome/Chromium binary."
-                ) from err
-        else:
-            raise ValueError(f"unknown export format {fmt!r}; use html, png, svg or pdf")
-        written.append(path)
+    if "html" in formats:
+        fig.write_html(stem.with_suffix(".html"), include_plotlyjs=True, full_html=True)
+    static = [(f, stem.with_suffix("." + f)) for f in formats if f != "html"]
+    if static:
+        _export_static(fig, static)
+    for f in formats:
+        written.append(stem.with_suffix("." + f))
     return written
+
+
+def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "figure.json"
+        spec.write_text(json.dumps({"fig": fig.to_json(), "targets": [(f, str(p)) for f, p in targets]}))
+        err = ""
+        for _attempt in range(2):
+            try:
+                run = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(spec)], capture_output=True, text=True,
+                                     timeout=EXPORT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                err = f"kaleido did not finish within {EXPORT_TIMEOUT} s"
+                continue
+            if run.returncode == 0 and all(p.exists() for _, p in targets):
+                return
+            err = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            break
+    names = ", ".join(p.name for _, p in targets)
+    raise ExportError(f"static export to {names} failed ({err}). kaleido needs Chromium: on Debian "
+                      "`apt-get install -y chromium`, or set BROWSER_PATH to a Chrome/Chromium binary.")

@@ -71,7 +71,7 @@ def _config_problems(study) -> list[str]:
                    f"choose one of them or None (the middle layer, {n_layers // 2})")
     if c.top_k < 1:
         out.append(f"top_k={c.top_k}: must be at least 1")
-    for name, least in (("n_boot", 100), ("n_perm", 99), ("n_null", 100)):
+    for name, least in (("n_boot", 50), ("n_perm", 19), ("n_null", 100)):
         if getattr(c, name) < least:
             out.append(f"{name}={getattr(c, name)}: use at least {least} for a usable estimate")
     f = c.finetune

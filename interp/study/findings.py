@@ -1,0 +1,110 @@
+"""The study's findings page: a Markdown document built only from a finished study's saved
+tables (and, optionally, a causal test's), so the numbers in the documentation are always the
+numbers in the results folder. ``interp study findings`` writes it (``docs/study.md``)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+
+def _f(v, digits: int = 3) -> str:
+    try:
+        return "n/a" if pd.isna(v) else f"{v:.{digits}f}"
+    except TypeError:
+        return str(v)
+
+
+def _p(v) -> str:
+    return "n/a" if pd.isna(v) else f"{v:.2g}"
+
+
+def _table(df: pd.DataFrame, digits: int = 3) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join(_f(v, digits) if isinstance(v, float) else str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
+    s = json.loads((study / "summary.json").read_text())
+    stats = pd.read_csv(study / "stats.csv")
+    rel = pd.read_csv(study / "relations.csv")
+    null = pd.read_csv(study / "null_calibration.csv")
+    rob = pd.read_csv(study / "robustness.csv")
+    bm = pd.read_csv(study / "backmap.csv")
+    c = s["config"]
+    h, nc = s["headline"], s["null_calibration"]
+    out = [f"## The generalization study: {s['model']}, {s['n_relations']} relations", ""]
+    if figures_to is not None and (study / "figures" / f"scatter_{c['methods'][0]}.png").exists():
+        figures_to.mkdir(parents=True, exist_ok=True)
+        for name in (f"scatter_{c['methods'][0]}", "null_calibration", "backmap"):
+            src = study / "figures" / f"{name}.png"
+            if src.exists():
+                shutil.copyfile(src, figures_to / f"study_{name}.png")
+        out += [f"![readability vs generalization, kappa](study_scatter_{c['methods'][0]}.png)", ""]
+    pear = h["pearson"]
+    out += [f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
+            f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, {pear['ci_method']}; "
+            f"permutation p = {_p(pear['p_value'])}). In {nc['n_sim']} simulated studies of this design with no generalization "
+            f"beyond chance it rejects at **{_f(nc['headline_false_positive_rate'])}** (nominal {nc['alpha']}); the raw-accuracy "
+            f"r ({_f(s['raw']['pearson']['r'])}) rejects at {_f(nc['raw_false_positive_rate'])}: {s['raw']['why_inflated']}.", ""]
+    out += [f"Mean generalization kappa: " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
+            + f" (raw accuracy " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items()) + "); mean readability "
+            f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
+            f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.", ""]
+    out += ["### Statistics", ""]
+    t = stats[stats.analysis != "pearson (t-test)"][["method", "predictor", "outcome", "analysis", "r", "ci_low", "ci_high", "p_value", "n"]]
+    out += [_table(t), ""]
+    out += ["### Null calibration (false-positive rate at alpha = 0.05)", "",
+            _table(null[["outcome", "analysis", "false_positive_rate", "mc_se", "mean_r", "sd_r", "n_sim"]]), ""]
+    out += ["### Robustness (Pearson r of kappas; raw beside it)", "",
+            _table(rob[[c for c in ("varied", "setting", "n", "r", "ci_low", "ci_high", "r_raw", "seed_invariant_relations") if c in rob]]), ""]
+    out += ["### Error back-mapping (top-{k} among wrong answers, against a uniformly random wrong answer)".format(k=c["top_k"]), ""]
+    for m, b in s["backmap"].items():
+        out += [f"- {m}: {b['n_errors']} errors on {b['n_relations']} informative relations "
+                f"({b['n_uninformative_relations']} with too few answers left out): probe {_f(b['probe_rate'])} "
+                f"({_f(b['probe_ratio'], 2)}x expected), pretrained model {_f(b['model_rate'])} ({_f(b['model_ratio'], 2)}x), "
+                f"expected {_f(b['expected_rate'])}; paired Wilcoxon p = {_p(b['wilcoxon_p'])}."]
+    out += ["", _table(bm[bm.informative.astype(bool)][["method", "relation", "n_answers", "n_errors", "expected_rate", "probe_rate",
+                                                         "probe_ratio", "model_rate", "model_ratio"]]), ""]
+    cols = ["relation", "n_answers", "n_finetune_subjects", "n_heldout", "chance", "chance_majority", "readability_best",
+            "readability_best_kappa", "best_layer"] + [x for x in rel.columns if x.startswith("generalization_")]
+    out += ["### Relations", "", _table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
+    return "\n".join(out)
+
+
+def causal_section(causal: Path) -> str:
+    s = json.loads((causal / "causal.json").read_text())
+    df = pd.read_csv(causal / "causal.csv")
+    out = ["## The causal test: augmented vs plain writing", "",
+           f"Manipulated: {', '.join(s['manipulated'])} ({s['method']} fine-tuning; kappa). Writing of every other relation "
+           f"identical in both worlds: {bool(df[~df.manipulated].writing_identical.all())} (document hashes).", ""]
+    rows = []
+    for vs, d in s["difference_in_differences"].items():
+        for col, v in d.items():
+            rows.append({"against": vs, "change in": col, "difference in differences": v["estimate"], "ci_low": v["ci_low"],
+                         "ci_high": v["ci_high"], "p (bootstrap)": v["p_boot"]})
+    out += [_table(pd.DataFrame(rows)), "", "Mean change (plain - augmented) per group:", ""]
+    out += [_table(pd.DataFrame([{"group": g, "n": s["n"][g], **v} for g, v in s["mean_delta"].items()])), ""]
+    out += [_table(df[["relation", "manipulated", "derived_from_manipulated", "writing_identical", "delta_readability",
+                       "delta_generalization", "delta_readability_raw", "delta_generalization_raw"]]), ""]
+    return "\n".join(out)
+
+
+def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal: Optional[str | Path] = None,
+                   command: str = "interp study") -> Path:
+    """Write the findings page from saved results (and copy the headline figures beside it)."""
+    study, out = Path(study), Path(out)
+    parts = ["# Findings: the generalization study", "",
+             f"Generated by `interp study findings` from the saved tables of `{command}`; do not edit by hand.", "",
+             study_section(study, out.parent)]
+    if causal is not None and (Path(causal) / "causal.json").exists():
+        parts.append(causal_section(Path(causal)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts))
+    return out
