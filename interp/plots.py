@@ -70,6 +70,8 @@ def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "
 
 def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
     import json
+    import os
+    import signal
     import subprocess
     import sys
     import tempfile
@@ -77,18 +79,23 @@ def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "figure.json"
         spec.write_text(json.dumps({"fig": fig.to_json(), "targets": [(f, str(p)) for f, p in targets]}))
-        err = ""
+        err, hung = "", False
         for _attempt in range(2):
+            # its own process group, so that a hung export's browser is killed with it
+            proc = subprocess.Popen([sys.executable, "-c", _EXPORT_CHILD, str(spec)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
             try:
-                run = subprocess.run([sys.executable, "-c", _EXPORT_CHILD, str(spec)], capture_output=True, text=True,
-                                     timeout=EXPORT_TIMEOUT)
+                _, stderr = proc.communicate(timeout=EXPORT_TIMEOUT)
             except subprocess.TimeoutExpired:
-                err = f"kaleido did not finish within {EXPORT_TIMEOUT} s"
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                err, hung = f"kaleido did not finish within {EXPORT_TIMEOUT} s, twice", True
                 continue
-            if run.returncode == 0 and all(p.exists() for _, p in targets):
+            if proc.returncode == 0 and all(p.exists() for _, p in targets):
                 return
-            err = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            err, hung = (stderr.strip().splitlines() or ["no output"])[-1], False
             break
     names = ", ".join(p.name for _, p in targets)
-    raise ExportError(f"static export to {names} failed ({err}). kaleido needs Chromium: on Debian "
-                      "`apt-get install -y chromium`, or set BROWSER_PATH to a Chrome/Chromium binary.")
+    hint = "" if hung else (" kaleido needs Chromium: on Debian `apt-get install -y chromium`, or set BROWSER_PATH to a "
+                            "Chrome/Chromium binary.")
+    raise ExportError(f"static export to {names} failed ({err}).{hint}")

@@ -65,6 +65,8 @@ class ProbeSweep:
         (default; the probe is then ``StandardScaler() + LogisticRegression(C)``). Hidden states
         have large, uneven scales; without it the optimum is ill-conditioned and slow to reach.
     top_k : k of ``top_k_accuracy`` and of the read-out's ranked answers.
+    readout_k : length of the read-out's rankings, if not ``top_k`` (``None``: ``top_k``; a large
+        number ranks every answer).
     positions : where to read the subject (when capturing from a model).
     device, dtype : where and in what precision the probes are fitted.
     readout : keep every test subject's ranked answers in ``readout_`` (one row per subject, site
@@ -93,8 +95,10 @@ class ProbeSweep:
         sites_per_pass: Optional[int] = None,
         readout: bool = True,
         progress: Optional[bool] = None,
+        readout_k: Optional[int] = None,
     ):
         self.readout = readout
+        self.readout_k = readout_k
         self.sites = sites
         self.sites_per_pass = sites_per_pass
         self.folds = folds
@@ -286,6 +290,7 @@ class ProbeSweep:
         logp = torch.log_softmax(logits[:, :m, :c].double(), -1)  # [K, m, c]
         layer = parse_site(site).layer
         k_top = min(self.top_k, c)
+        k_read = min(self.readout_k if self.readout_k is not None else self.top_k, c)
         by_key = {}
         for k, (seed, fold, kind, si) in enumerate(meta):
             labels = p.y if kind == "task" else p.control[si]
@@ -302,7 +307,7 @@ class ProbeSweep:
             if kind == "task" and self.readout:
                 order = logp[k].argsort(-1, descending=True)
                 for i in np.flatnonzero(p.folds[si] == fold):
-                    ranked = [p.classes[j] for j in order[i, :k_top].tolist()]
+                    ranked = [p.classes[j] for j in order[i, :k_read].tolist()]
                     readout.append({
                         "model": model_name, "relation": p.relation.name, "site": site, "layer": layer, "seed": seed,
                         "fold": fold, "subject": p.relation.subjects[p.keep[i]], "answer": p.classes[p.y[i]],

@@ -110,9 +110,24 @@ def test_backmap_against_a_uniformly_random_wrong_answer():
             back = rng.choice(wrong)
             probe_wrong = list(rng.choice(wrong, k, replace=False))
             model_wrong = list(rng.choice(wrong, k, replace=False))
-            rows.append({"method": "full", "relation": rel, "in_probe_topk": back in probe_wrong, "in_model_topk": back in model_wrong})
+            rows.append({"method": "full", "relation": rel, "in_probe_topk": back in probe_wrong, "in_model_topk": back in model_wrong,
+                         "probe_slots": k, "model_slots": k})
+    rows[0]["in_probe_topk"], rows[0]["probe_slots"] = None, None  # a subject the probe did not rank is not a miss
     table = backmap_table(pd.DataFrame(rows), {"r1": n, "r2": n, "r3": n}, k)
-    assert table.expected_rate.eq(3 / 9).all()
+    assert np.allclose(table.probe_expected_rate, 3 / 9) and np.allclose(table.model_expected_rate, 3 / 9)
+    assert table.probe_n.tolist() == [1999, 2000, 2000] and table.n_errors.tolist() == [2000] * 3
     assert table.probe_ratio.between(0.9, 1.1).all() and table.model_ratio.between(0.9, 1.1).all()
     s = backmap_summary(table, "full")
     assert s["n_relations"] == 3 and s["probe_ratio"] == pytest.approx(1, abs=0.05)
+    assert (table.probe_p_value > 0.001).all()
+    empty = backmap_table(pd.DataFrame(columns=["method", "relation", "in_probe_topk", "in_model_topk"]), {}, k)
+    assert list(empty.columns) and backmap_summary(empty, "full")["n_errors"] == 0
+
+
+def test_shuffled_backmap_null_keeps_popularity():
+    """Errors that always map back to the most popular answer, which both lists always rank first:
+    4x a uniformly random wrong answer, but exactly what the shuffled null expects."""
+    from interp.study.study import shuffled_backmap_rates
+
+    lists = [("probe", f"t{i % 5}", "pop", ["pop", "x", "y"]) for i in range(200)]
+    assert shuffled_backmap_rates(lists)["probe_shuffled_rate"] == pytest.approx(1.0)

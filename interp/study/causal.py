@@ -104,19 +104,24 @@ def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, sp
     return df
 
 
-def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: int = 0) -> dict:
+def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: int = 0, n_perm: int = 20000) -> dict:
     """Mean(treated) - mean(control), with a percentile bootstrap CI resampling relations within
-    each group, and the share of resamples on the other side of 0 (two-sided)."""
+    each group, and a two-sided permutation p-value (group labels shuffled across relations)."""
     rng = np.random.default_rng(seed)
+    treated, control = np.asarray(treated, float), np.asarray(control, float)
     est = float(np.mean(treated) - np.mean(control))
     if len(treated) < 2 or len(control) < 2:
-        return {"estimate": est, "ci_low": float("nan"), "ci_high": float("nan"), "p_boot": float("nan")}
+        return {"estimate": est, "ci_low": float("nan"), "ci_high": float("nan"), "p_value": float("nan")}
     bt = treated[rng.integers(0, len(treated), (n_boot, len(treated)))].mean(1)
     bc = control[rng.integers(0, len(control), (n_boot, len(control)))].mean(1)
     d = bt - bc
     a = (1 - ci) / 2
-    p = float(min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0))))
-    return {"estimate": est, "ci_low": float(np.quantile(d, a)), "ci_high": float(np.quantile(d, 1 - a)), "p_boot": p}
+    pooled = np.concatenate([treated, control])
+    perms = rng.permuted(np.tile(np.arange(len(pooled)), (n_perm, 1)), axis=1)
+    nt = len(treated)
+    diffs = pooled[perms[:, :nt]].mean(1) - pooled[perms[:, nt:]].mean(1)
+    p = float((1 + np.sum(np.abs(diffs) >= abs(est) - 1e-12)) / (n_perm + 1))
+    return {"estimate": est, "ci_low": float(np.quantile(d, a)), "ci_high": float(np.quantile(d, 1 - a)), "p_value": p}
 
 
 def _means(df: pd.DataFrame) -> dict:

@@ -80,7 +80,8 @@ def backmap(table: pd.DataFrame, summary: dict) -> go.Figure:
                                  hovertemplate="%{x}: %{y:.2f}x expected (%{customdata} errors)<extra></extra>"))
     fig.add_hline(y=1, line_dash="dash", line_color="#444", annotation_text="uniformly random wrong answer")
     b = summary["backmap"].get(summary["methods"][0], {})
-    sub = (f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, model {b.get('model_ratio', float('nan')):.2f}x expected; "
+    sub = (f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, model {b.get('model_ratio', float('nan')):.2f}x uniform "
+           f"({b.get('probe_ratio_shuffled', float('nan')):.2f}x, {b.get('model_ratio_shuffled', float('nan')):.2f}x shuffled); "
            f"paired Wilcoxon p = {b.get('wilcoxon_p', float('nan')):.3g} over {b.get('n_relations', 0)} relations</sup>")
     fig.update_layout(title=f"Wrong labels mapped back into the top-{k} wrong answers, observed / expected" + sub,
                       yaxis_title="observed / expected", barmode="group")

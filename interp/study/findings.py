@@ -67,11 +67,14 @@ def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
     out += ["### Error back-mapping (top-{k} among wrong answers, against a uniformly random wrong answer)".format(k=c["top_k"]), ""]
     for m, b in s["backmap"].items():
         out += [f"- {m}: {b['n_errors']} errors on {b['n_relations']} informative relations "
-                f"({b['n_uninformative_relations']} with too few answers left out): probe {_f(b['probe_rate'])} "
-                f"({_f(b['probe_ratio'], 2)}x expected), pretrained model {_f(b['model_rate'])} ({_f(b['model_ratio'], 2)}x), "
-                f"expected {_f(b['expected_rate'])}; paired Wilcoxon p = {_p(b['wilcoxon_p'])}."]
-    out += ["", _table(bm[bm.informative.astype(bool)][["method", "relation", "n_answers", "n_errors", "expected_rate", "probe_rate",
-                                                         "probe_ratio", "model_rate", "model_ratio"]]), ""]
+                f"({b['n_uninformative_relations']} with too few answers left out). Probe top-{c['top_k']}: "
+                f"{_f(b['probe_rate'])} = {_f(b['probe_ratio'], 2)}x a uniformly random wrong answer, "
+                f"{_f(b['probe_ratio_shuffled'], 2)}x the shuffled null; pretrained model: {_f(b['model_rate'])} = "
+                f"{_f(b['model_ratio'], 2)}x uniform, {_f(b['model_ratio_shuffled'], 2)}x shuffled; paired Wilcoxon "
+                f"(probe vs model) p = {_p(b['wilcoxon_p'])}."]
+    out += ["", _table(bm[bm.informative.astype(bool)][["method", "relation", "n_answers", "n_errors", "probe_rate",
+                                                         "probe_expected_rate", "probe_shuffled_rate", "model_rate",
+                                                         "model_expected_rate", "model_shuffled_rate"]]), ""]
     cols = ["relation", "n_answers", "n_finetune_subjects", "n_heldout", "chance", "chance_majority", "readability_best",
             "readability_best_kappa", "best_layer"] + [x for x in rel.columns if x.startswith("generalization_")]
     out += ["### Relations", "", _table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
@@ -88,7 +91,7 @@ def causal_section(causal: Path) -> str:
     for vs, d in s["difference_in_differences"].items():
         for col, v in d.items():
             rows.append({"against": vs, "change in": col, "difference in differences": v["estimate"], "ci_low": v["ci_low"],
-                         "ci_high": v["ci_high"], "p (bootstrap)": v["p_boot"]})
+                         "ci_high": v["ci_high"], "p (permutation)": v["p_value"]})
     out += [_table(pd.DataFrame(rows)), "", "Mean change (plain - augmented) per group:", ""]
     out += [_table(pd.DataFrame([{"group": g, "n": s["n"][g], **v} for g, v in s["mean_delta"].items()])), ""]
     out += [_table(df[["relation", "manipulated", "derived_from_manipulated", "writing_identical", "delta_readability",

@@ -133,7 +133,7 @@ def null_statistics(x: np.ndarray, Y: np.ndarray, covariates: pd.DataFrame, n_pe
 
 
 def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05, seed: int = 0,
-                      n_perm: int = 999) -> pd.DataFrame:
+                      n_perm: int = 999, return_r: bool = False):
     """False-positive rate at ``alpha`` of every statistic, raw and kappa, over ``n_sim`` null studies.
 
     Columns: ``outcome`` (``generalization`` raw / ``generalization_kappa``), ``predictor``,
@@ -142,10 +142,11 @@ def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05
     error), ``mean_r``, ``sd_r``, ``n_sim``, ``n_undefined``, ``alpha``.
     """
     raw, kap = simulate_outcomes(design, n_sim, seed)
-    rows = []
+    rows, simulated_r = [], {}
     for outcome, predictor, x, Y in (("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap),
                                      ("generalization", "readability_best", design.readability, raw)):
         res = null_statistics(x, Y, design.covariates, n_perm=n_perm, seed=seed + 1)
+        simulated_r[outcome] = res["pearson"]
         for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:
             p = res[f"p:{name}"]
             r = res[name if name in res else "pearson"]
@@ -153,7 +154,8 @@ def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05
             rows.append({"outcome": outcome, "predictor": predictor, "analysis": name, "false_positive_rate": fpr,
                          "mc_se": float(np.sqrt(fpr * (1 - fpr) / n_sim)), "mean_r": float(np.nanmean(r)),
                          "sd_r": float(np.nanstd(r)), "n_sim": n_sim, "n_undefined": int(np.isnan(p).sum()), "alpha": alpha})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return (table, simulated_r) if return_r else table
 
 
 def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> pd.DataFrame:
@@ -171,7 +173,7 @@ def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> 
     design = null_design(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c["methods"][0],
                          c["category"], c["label_seeds"][0], c["finetune_seeds"][0])
     n_sim = n_sim or c.get("n_null", 2000)
-    table = calibration_table(design, n_sim=n_sim, seed=c["split_seed"] if seed is None else seed)
+    table = calibration_table(design, n_sim=n_sim, seed=c["split_seed"] if seed is None else seed, n_perm=c["n_perm"])
     write_csv(table, out / "null_calibration.csv")
     head = summary["headline"]
 

@@ -68,8 +68,10 @@ because {html.escape(raw['why_inflated'])}: with no generalization at all it rej
 <p>Robustness: r from {summary['robustness']['r_min']:.3f} to {summary['robustness']['r_max']:.3f} over
 {summary['robustness']['n_settings']} settings. Error back-mapping ({bm.get('method', '')}, {bm.get('n_errors', 0)} errors on
 {bm.get('n_relations', 0)} informative relations): a wrong label maps back into the probe's top-{summary['config']['top_k']} wrong
-answers {bm.get('probe_ratio', float('nan')):.2f}x as often as a random wrong answer would, into the pretrained model's
-{bm.get('model_ratio', float('nan')):.2f}x (paired Wilcoxon p = {bm.get('wilcoxon_p', float('nan')):.3g}).</p>
+answers {bm.get('probe_ratio', float('nan')):.2f}x as often as a uniformly random wrong answer would
+({bm.get('probe_ratio_shuffled', float('nan')):.2f}x the shuffled null), into the pretrained model's
+{bm.get('model_ratio', float('nan')):.2f}x ({bm.get('model_ratio_shuffled', float('nan')):.2f}x shuffled; paired Wilcoxon p =
+{bm.get('wilcoxon_p', float('nan')):.3g}).</p>
 {warn}{note}
 {''.join(parts)}
 <section><h2>Null calibration</h2>{null.to_html(index=False, float_format=lambda v: f'{v:.4g}')}</section>

@@ -42,6 +42,8 @@ def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: flo
     n = len(x)
     if n < 3:
         raise ValueError(f"a correlation across relations needs at least 3 relations, got {n}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a value is NaN)", "p_value": np.nan, "n": n}
     if np.std(x) == 0 or np.std(y) == 0:
         return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a constant variable)", "p_value": np.nan, "n": n}
     r = stats.pearsonr(x, y).statistic

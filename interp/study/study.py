@@ -194,11 +194,13 @@ class Study:
 
         paths = [self.out / f for f in ("readability.csv", "readability_layers.csv", "probe_readout.csv")]
         if all(p.exists() for p in paths):
-            ro = pd.read_csv(paths[2])
+            ro = pd.read_csv(paths[2], dtype={"subject": str, "answer": str, "predicted": str}, keep_default_na=False)
             ro["top_answers"] = ro["top_answers"].map(json.loads)
             return pd.read_csv(paths[0]), pd.read_csv(paths[1]), ro
-        # k + 1 ranked answers, so that k remain after the true answer is removed (back-mapping)
-        sweep = ProbeSweep(folds=self.config.folds, C=self.config.probe_C, top_k=self.config.top_k + 1, progress=self.progress)
+        # every answer ranked, so that k remain after the true answer and the answers the design
+        # left out are removed (back-mapping)
+        sweep = ProbeSweep(folds=self.config.folds, C=self.config.probe_C, top_k=self.config.top_k, readout_k=10_000,
+                           progress=self.progress)
         table = sweep.run(self.model, self.relation_list, model_name=self.model.name)
         layers = readability_by_layer(table, sweep.readout_)
         best = best_layers(layers)
@@ -214,7 +216,7 @@ class Study:
     def _pretrained(self) -> pd.DataFrame:
         path = self.out / "pretrained.csv"
         if path.exists():
-            df = pd.read_csv(path)
+            df = pd.read_csv(path, dtype={"subject": str, "answer": str, "model_answer": str}, keep_default_na=False)
             df["model_top_answers"] = df["model_top_answers"].map(json.loads)
             return df
         rows = []
@@ -222,7 +224,7 @@ class Study:
             answers = r.answer_set
             scores = candidate_logprobs(self.module, self.model.tokenizer, [p.text for p in r.prompts()], answers,
                                         pad_id=self.model.pad_token_id)
-            top = scores.topk(min(self.config.top_k + 1, len(answers)), -1).indices
+            top = scores.argsort(-1, descending=True)  # every answer ranked (see _readability)
             freq = self._frequencies(r)
             for i, (s, a) in enumerate(zip(r.subjects, r.answers)):
                 ranked = [answers[j] for j in top[i].tolist()]
@@ -275,16 +277,22 @@ class Study:
         pred = [label_set[j] for j in scores.argmax(-1).tolist()]
         probe_top = {row.subject: row.top_answers for row in readout[(readout.relation == r.name) & (readout.layer == best_layer)].itertuples()}
         model_top = {row.subject: row.model_top_answers for row in pretrained[pretrained.relation == r.name].itertuples()}
-        k = self.config.top_k
-        preds = []
+        k, kept = self.config.top_k, set(design.mapping)
+        preds, lists = [], []
         for i, p in zip(design.heldout, pred):
             s, a = r.subjects[i], r.answers[i]
             back = design.inverse[p]
             wrong = p != design.mapping[a]
-            preds.append({"subject": s, "answer": a, "label": design.mapping[a], "predicted_label": p, "correct": not wrong,
-                          "backmapped_answer": back,
-                          "in_probe_topk": (back in wrong_top(probe_top.get(s, []), a, k)) if wrong else None,
-                          "in_model_topk": (back in wrong_top(model_top.get(s, []), a, k)) if wrong else None})
+            row = {"subject": s, "answer": a, "label": design.mapping[a], "predicted_label": p, "correct": not wrong,
+                   "backmapped_answer": back}
+            for who, ranking in (("probe", probe_top.get(s)), ("model", model_top.get(s))):
+                # top-k among the design's wrong answers; no ranking (a subject the probe left out) is not a miss
+                top = wrong_top(ranking, a, k, kept) if ranking is not None else None
+                row[f"in_{who}_topk"] = (back in top) if (wrong and top is not None) else None
+                row[f"{who}_slots"] = len(top) if top is not None else None
+                if wrong:
+                    lists.append((who, a, back, top))
+            preds.append(row)
         truth = [q["label"] for q in preds]
         acc = float(np.mean([q["correct"] for q in preds]))
         levels = chance_levels(truth)
@@ -294,6 +302,7 @@ class Study:
                   "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
                   "chance_expected": expected_agreement(truth, pred),
                   "full_batch": len(design.finetune) <= self.config.finetune.batch_size,
+                  **shuffled_backmap_rates(lists, seed=job.finetune_seed),
                   **info, "predictions": preds}
         write_json(result, path)
         del tuned
@@ -350,9 +359,31 @@ class Study:
         return StudyResult(self.out, complete=True)
 
 
-def wrong_top(ranked: Sequence[str], answer: str, k: int) -> list[str]:
-    """The first ``k`` answers of a ranking with the true ``answer`` removed."""
-    return [a for a in ranked if a != answer][:k]
+def shuffled_backmap_rates(lists: list, n_shuffles: int = 100, seed: int = 0) -> dict:
+    """Expected back-mapping hit rates if the wrong labels' answers were shuffled among the
+    relation's errors: a null that keeps how often each answer is back-mapped (the fine-tuned
+    model's label preferences) and each list's popularity bias, but breaks the link to the subject.
+    ``lists``: ``(who, true answer, back-mapped answer, top list or None)`` per error."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for who in ("probe", "model"):
+        rows = [(a, b, top) for w, a, b, top in lists if w == who and top is not None]
+        if not rows:
+            out[f"{who}_shuffled_rate"] = None
+            continue
+        backs = np.array([b for _, b, _ in rows], dtype=object)
+        hits = []
+        for _ in range(n_shuffles):
+            perm = backs[rng.permutation(len(backs))]
+            hits.append(np.mean([b in top for (_, _, top), b in zip(rows, perm)]))
+        out[f"{who}_shuffled_rate"] = float(np.mean(hits))
+    return out
+
+
+def wrong_top(ranked: Sequence[str], answer: str, k: int, kept: Optional[set] = None) -> list[str]:
+    """The first ``k`` answers of a ranking with the true ``answer`` (and answers not in ``kept``)
+    removed."""
+    return [a for a in ranked if a != answer and (kept is None or a in kept)][:k]
 
 
 def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataFrame:

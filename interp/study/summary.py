@@ -68,15 +68,15 @@ def robustness_table(study, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
     m0 = c.methods[0]
     settings = [("label assignment", f"label seed {l}", (m0, c.category, l, c.finetune_seeds[0])) for l in c.label_seeds]
     settings += [("fine-tuning seed", f"fine-tune seed {f}", (m0, c.category, c.label_seeds[0], f)) for f in c.finetune_seeds]
-    settings += [("label category", cat, (m0, c.category if cat == c.category else cat, c.label_seeds[0], c.finetune_seeds[0]))
-                 for cat in (c.category, *c.other_categories)]
+    settings += [("label category", cat, (m0, cat, c.label_seeds[0], c.finetune_seeds[0])) for cat in (c.category, *c.other_categories)]
     settings += [("method", m, (m, c.category, c.label_seeds[0], c.finetune_seeds[0])) for m in c.methods]
     rows = []
     for varied, name, key in settings:
         have = [r for r in study.relations if (r, *key) in runs]
         invariant = sorted(r for r in have if runs[(r, *key)].get("full_batch") and key[0] == "full") \
             if varied == "fine-tuning seed" else []
-        row = {"varied": varied, "setting": name, "n": len(have), "seed_invariant_relations": ", ".join(invariant)}
+        row = {"varied": varied, "setting": name, "key": "/".join(map(str, key)), "n": len(have),
+               "seed_invariant_relations": ", ".join(invariant)}
         if len(have) < 3:
             rows.append({**row, "r": np.nan, "r_raw": np.nan})
             continue
@@ -107,19 +107,31 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
     stats = pd.DataFrame(stats_rows)
 
     design = null_design(rel, preds, m0, c.category, c.label_seeds[0], c.finetune_seeds[0])
-    null = calibration_table(design, n_sim=c.n_null, seed=c.split_seed)
+    null, null_rs = calibration_table(design, n_sim=c.n_null, seed=c.split_seed, n_perm=c.n_perm, return_r=True)
     rob = robustness_table(study, rel, runs)
+    unique_r = rob.drop_duplicates("key").r if "key" in rob else rob.r
 
     # error back-mapping, over the main runs of every method
     main = preds[(preds.category == c.category) & (preds.label_seed == c.label_seeds[0]) & (preds.finetune_seed == c.finetune_seeds[0])]
     errors = main[~main.correct.astype(bool)]
-    backmap = backmap_table(errors, dict(zip(rel.relation, rel.n_answers)), c.top_k)
+    main_runs = {(m, name): runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])] for m in c.methods for name in study.relations}
+    backmap = backmap_table(errors, dict(zip(rel.relation, rel.n_answers)), c.top_k, main_runs)
 
     def analyses(predictor, outcome):
         rows = stats[(stats.method == m0) & (stats.predictor == predictor) & (stats.outcome == outcome)]
         return {row.analysis: {"r": row.r, "p_value": row.p_value,
                                **({"ci": [row.ci_low, row.ci_high], "ci_method": row.ci_method} if row.analysis == "pearson" else {})}
                 for row in rows.itertuples()}
+
+    def null_p(outcome):
+        """Share of simulated null studies whose |r| reaches the observed |r| (a calibrated p)."""
+        row = stats[(stats.method == m0) & (stats.outcome == outcome) & (stats.analysis == "pearson")
+                    & (stats.predictor == (HEADLINE if outcome == HEADLINE[1] else RAW)[0])]
+        sims = null_rs.get(outcome)
+        if not len(row) or sims is None or not np.isfinite(row.r.iloc[0]):
+            return float("nan")
+        sims = sims[np.isfinite(sims)]
+        return float((1 + np.sum(np.abs(sims) >= abs(row.r.iloc[0]) - 1e-12)) / (1 + len(sims)))
 
     def fpr(outcome, analysis):
         row = null[(null.outcome == outcome) & (null.analysis == analysis)]
@@ -128,16 +140,19 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
     summary = {
         "model": study.model.name, "n_relations": len(study.relations), "methods": list(c.methods),
         "headline": {"method": m0, "predictor": HEADLINE[0], "outcome": HEADLINE[1], "measure": "Cohen's kappa",
-                     **analyses(*HEADLINE), "null_false_positive_rate": fpr(HEADLINE[1], "pearson")},
+                     **analyses(*HEADLINE), "null_false_positive_rate": fpr(HEADLINE[1], "pearson"),
+                     "null_p_value": null_p(HEADLINE[1])},
         "raw": {"predictor": RAW[0], "outcome": RAW[1], **analyses(*RAW), "null_false_positive_rate": fpr(RAW[1], "pearson"),
+                "null_p_value": null_p(RAW[1]),
                 "why_inflated": "raw accuracies share chance levels: with fewer or more lopsided answers a blind guess scores "
                                 "higher and readability is higher too, so raw accuracies correlate even with no generalization"},
         "null_calibration": {"n_sim": c.n_null, "alpha": 0.05,
                              "headline_false_positive_rate": fpr(HEADLINE[1], "pearson"),
                              "raw_false_positive_rate": fpr(RAW[1], "pearson"),
                              "max_kappa_false_positive_rate": float(null[null.outcome == HEADLINE[1]].false_positive_rate.max())},
-        "robustness": {"r_min": float(rob.r.min()), "r_max": float(rob.r.max()), "r_std": float(rob.r.std()),
-                       "n_settings": int(rob.r.notna().sum()), "measure": "kappa",
+        "robustness": {"r_min": float(unique_r.min()), "r_max": float(unique_r.max()), "r_std": float(unique_r.std()),
+                       "n_settings": int(unique_r.notna().sum()), "measure": "kappa",
+                       "note": "the main run appears once per kind of variation in robustness.csv; spread over distinct runs",
                        "seed_invariant_relations": sorted({x for v in rob.seed_invariant_relations for x in v.split(", ") if x})},
         "backmap": {m: backmap_summary(backmap, m) for m in c.methods},
         "covariates": {"n_finetune_subjects_vs_n_answers_r": float(np.corrcoef(rel.n_finetune_subjects, rel.n_answers)[0, 1])

@@ -49,6 +49,13 @@ def _config_problems(study) -> list[str]:
     bad = [x for x in c.other_categories if x not in labels]
     if bad:
         out.append(f"other_categories {bad} are not label categories; valid: {cats}")
+    if c.category in c.other_categories or len(set(c.other_categories)) != len(c.other_categories):
+        out.append(f"other_categories {tuple(c.other_categories)!r} must name each category once and not the main "
+                   f"category {c.category!r} (it is always run)")
+    for cat in [c.category, *c.other_categories]:
+        words = labels.get(cat, ())
+        if len(set(words)) != len(words):
+            out.append(f"label category {cat!r} lists a label twice; relabelling needs distinct labels")
     if not c.methods or any(m not in ("full", "lora") for m in c.methods) or len(set(c.methods)) != len(c.methods):
         out.append(f"methods {tuple(c.methods)!r}: give one or both of 'full', 'lora', each once")
     for name in ("label_seeds", "finetune_seeds"):
@@ -81,9 +88,11 @@ def _config_problems(study) -> list[str]:
     for name in ("lr", "lora_lr"):
         if getattr(f, name) <= 0:
             out.append(f"finetune.{name}={getattr(f, name)}: the learning rate must be positive")
-    for name in ("max_steps", "check_every", "batch_size", "lora_r"):
+    for name in ("max_steps", "check_every", "batch_size", "lora_r", "lora_alpha"):
         if getattr(f, name) < 1:
             out.append(f"finetune.{name}={getattr(f, name)}: must be at least 1")
+    if f.weight_decay < 0:
+        out.append(f"finetune.weight_decay={f.weight_decay}: must be at least 0")
     if "lora" in c.methods:
         from .finetune import lora_targets
 
@@ -107,9 +116,20 @@ def _relation_problems(study) -> list[str]:
     if c.category not in study.labels:
         return out
     for r in rels:
+        if "/" in r.name or "__" in r.name or not r.name.strip():
+            out.append(f"relation name {r.name!r} is used in file names: avoid '/', '__' and empty names")
         if len(r) == 0:
             out.append(f"relation {r.name!r} has no samples")
             continue
+        counts: dict = {}
+        seen: set = set()
+        for subject, a in zip(r.subjects, r.answers):  # one sample per subject, its first (as the probe sweep)
+            if subject not in seen:
+                seen.add(subject)
+                counts[a] = counts.get(a, 0) + 1
+        if sum(n >= c.folds for n in counts.values()) < 2:
+            out.append(f"relation {r.name!r}: fewer than 2 answers have at least folds={c.folds} subjects, so the probe "
+                       "cannot be cross-validated; lower folds or add subjects")
         try:
             study.design(r, c.category, c.label_seeds[0] if c.label_seeds else 0)
         except (RelationError, ValueError) as err:
