@@ -94,13 +94,15 @@ def study(
     p = s["headline"].get("pearson", {})
     typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
     typer.echo(f"Pearson r(readability kappa, generalization kappa) = {p.get('r', float('nan')):.3f} "
-               f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], permutation p = {p.get('p_value', float('nan')):.3g}")
+               f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], Monte-Carlo p = {p.get('p_monte_carlo', float('nan')):.3g} "
+               f"(permutation p = {p.get('p_value', float('nan')):.3g})")
     for k, v in s["headline"].items():
-        if isinstance(v, dict) and k != "pearson":
-            typer.echo(f"  {k:<32} r = {v['r']:.3f}  p = {v['p_value']:.3g}")
+        if isinstance(v, dict) and k != "pearson" and "r" in v:
+            typer.echo(f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  p = {v['p_value']:.3g}")
     nc = s["null_calibration"]
-    typer.echo(f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate "
-               f"{nc['headline_false_positive_rate']:.3f} (kappa r) vs {nc['raw_false_positive_rate']:.3f} (raw r) at alpha {nc['alpha']}")
+    typer.echo(f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate of the headline test "
+               f"{nc['headline_false_positive_rate']:.3f} (Monte-Carlo), {nc['headline_permutation_false_positive_rate']:.3f} "
+               f"(permutation); raw r {nc['raw_false_positive_rate']:.3f}; alpha {nc['alpha']}")
     typer.echo(f"raw accuracies (inflated by chance levels): r = {s['raw']['pearson']['r']:.3f}")
     typer.echo(f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings")
     for m, b in s["backmap"].items():
@@ -132,7 +134,8 @@ def study_null(
     from interp.study.null import calibrate_folder
 
     table = calibrate_folder(out, n_sim)
-    typer.echo(table[["outcome", "analysis", "false_positive_rate", "mc_se", "mean_r"]].to_string(
+    typer.echo(table[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "observed_r",
+                      "p_monte_carlo"]].to_string(
         index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"wrote {out / 'null_calibration.csv'}")
 

@@ -141,8 +141,11 @@ def test_small_study_outputs_are_consistent(finished):
     # null calibration table: every statistic, raw and kappa
     null = result.table("null_calibration")
     assert set(null.outcome) == {"generalization", "generalization_kappa"} and (null.n_sim == 200).all()
-    assert summary["null_calibration"]["headline_false_positive_rate"] == pytest.approx(
-        null[(null.outcome == "generalization_kappa") & (null.analysis == "pearson")].false_positive_rate.iloc[0])
+    assert set(null.method) == {"full", "lora"}
+    head_null = null[(null.method == "full") & (null.outcome == "generalization_kappa") & (null.analysis == "pearson")].iloc[0]
+    assert summary["null_calibration"]["headline_false_positive_rate"] == pytest.approx(head_null.false_positive_rate_monte_carlo)
+    assert head_null.observed_r == pytest.approx(head.r) and summary["headline"]["pearson"]["p_monte_carlo"] == pytest.approx(head_null.p_monte_carlo)
+    assert head.p_monte_carlo == pytest.approx(head_null.p_monte_carlo)
     # error back-mapping: every wrong label maps back to a different original answer; rates are over wrong answers only
     wrong = preds[~preds.correct]
     assert (wrong.backmapped_answer != wrong.answer).all()

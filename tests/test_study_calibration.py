@@ -95,6 +95,17 @@ def test_kappa_statistics_hold_the_nominal_rate_and_raw_r_does_not():
     assert (kap.false_positive_rate <= 0.08).all()  # every kappa statistic, within Monte-Carlo error
     assert raw.loc["pearson", "false_positive_rate"] > 0.3  # chance levels alone make raw accuracies correlate
     assert set(kap.index) >= {"pearson", "spearman", "partial:n_answers", "partial:chance", "partial:all"}
+    # the Monte-Carlo test against the design's own null is exact, whatever the noise
+    assert table.false_positive_rate_monte_carlo.between(0.03, 0.07).all()
+
+
+def test_monte_carlo_p_of_an_observed_statistic():
+    from interp.study.null import monte_carlo_p
+
+    sims = np.linspace(-1, 1, 199)
+    assert monte_carlo_p(sims, 0.0) == pytest.approx(200 / 200)
+    assert monte_carlo_p(sims, 0.999) == pytest.approx(3 / 200)  # -1, 1 and itself
+    assert np.isnan(monte_carlo_p(sims, float("nan")))
 
 
 def test_backmap_against_a_uniformly_random_wrong_answer():

@@ -38,9 +38,15 @@ def scatter(relations: pd.DataFrame, stats: pd.DataFrame, method: str, x: str = 
 def null_calibration(null: pd.DataFrame) -> go.Figure:
     """False-positive rate of every statistic on simulated studies with no generalization."""
     fig = go.Figure()
-    for i, (outcome, g) in enumerate(null.groupby("outcome", sort=False)):
-        fig.add_trace(go.Bar(x=g.analysis, y=g.false_positive_rate, name="kappa" if outcome.endswith("kappa") else "raw accuracy",
-                             marker_color=PALETTE[i % len(PALETTE)], error_y=dict(type="data", array=1.96 * g.mc_se)))
+    null = null[null.method == null.method.iloc[0]] if "method" in null and len(null) else null
+    i = 0
+    for outcome, g in null.groupby("outcome", sort=False):
+        name = "kappa" if outcome.endswith("kappa") else "raw accuracy"
+        for col, test in (("false_positive_rate", "conventional"), ("false_positive_rate_monte_carlo", "Monte-Carlo")):
+            if col in g:
+                fig.add_trace(go.Bar(x=g.analysis, y=g[col], name=f"{name}, {test} test", marker_color=PALETTE[i % len(PALETTE)],
+                                     error_y=dict(type="data", array=1.96 * g.mc_se)))
+                i += 1
     alpha = float(null.alpha.iloc[0]) if len(null) else 0.05
     fig.add_hline(y=alpha, line_dash="dash", line_color="#444", annotation_text=f"nominal {alpha:g}")
     n = int(null.n_sim.iloc[0]) if len(null) else 0

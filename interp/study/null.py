@@ -41,6 +41,8 @@ class NullDesign:
     readability: np.ndarray  # raw best-layer readability [R]
     readability_kappa: np.ndarray  # kappa best-layer readability [R]
     covariates: pd.DataFrame  # [R, covariates]
+    observed: np.ndarray | None = None  # the study's raw generalization [R]
+    observed_kappa: np.ndarray | None = None  # the study's generalization kappa [R]
 
 
 def null_design(relations: pd.DataFrame, predictions: pd.DataFrame, method: str, category: str, label_seed: int,
@@ -56,8 +58,11 @@ def null_design(relations: pd.DataFrame, predictions: pd.DataFrame, method: str,
         truth.append(g.label.map(code).to_numpy())
         shares.append(np.bincount(g.predicted_label.map(code).to_numpy(), minlength=len(labels)) / len(g))
     cov = relations[[c for c in COVARIATES if c in relations]].reset_index(drop=True)
+    obs = relations.get(f"generalization_{method}")
+    obs_k = relations.get(f"generalization_kappa_{method}")
     return NullDesign(list(relations.relation), truth, shares, relations.readability_best.to_numpy(float),
-                      relations.readability_best_kappa.to_numpy(float), cov)
+                      relations.readability_best_kappa.to_numpy(float), cov,
+                      None if obs is None else obs.to_numpy(float), None if obs_k is None else obs_k.to_numpy(float))
 
 
 def simulate_outcomes(design: NullDesign, n_sim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -132,61 +137,96 @@ def null_statistics(x: np.ndarray, Y: np.ndarray, covariates: pd.DataFrame, n_pe
     return out
 
 
+def monte_carlo_p(simulated: np.ndarray, observed: float) -> float:
+    """Two-sided Monte-Carlo p-value of ``observed`` against ``simulated`` statistics of the null
+    (Besag & Clifford): ``(1 + #{|sim| >= |obs|}) / (1 + n)``; undefined simulations never count."""
+    sims = np.abs(simulated[np.isfinite(simulated)])
+    if not np.isfinite(observed):
+        return float("nan")
+    return float((1 + np.sum(sims >= abs(observed) - 1e-12)) / (1 + len(sims)))
+
+
+def _leave_one_out_p(simulated: np.ndarray) -> np.ndarray:
+    """Each simulated study's Monte-Carlo p against all the others (NaN statistics: p = 1)."""
+    a = np.where(np.isfinite(simulated), np.abs(simulated), -np.inf)
+    srt = np.sort(a)
+    count_ge = len(a) - np.searchsorted(srt, a - 1e-12, side="left")  # includes itself
+    return np.where(np.isfinite(a), count_ge / len(a), 1.0)
+
+
 def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05, seed: int = 0,
-                      n_perm: int = 999, return_r: bool = False):
+                      n_perm: int = 999) -> pd.DataFrame:
     """False-positive rate at ``alpha`` of every statistic, raw and kappa, over ``n_sim`` null studies.
 
-    Columns: ``outcome`` (``generalization`` raw / ``generalization_kappa``), ``predictor``,
-    ``analysis``, ``false_positive_rate`` (share of simulations with p < alpha; a simulation
-    whose statistic is undefined counts as no rejection), ``mc_se`` (its binomial standard
-    error), ``mean_r``, ``sd_r``, ``n_sim``, ``n_undefined``, ``alpha``.
+    Two tests per statistic: the conventional one the statistics table reports (permutation p for
+    Pearson, t-distribution p for Spearman and the partials) and the **Monte-Carlo test** against
+    this design's own null (the observed statistic ranked among the simulated ones). The
+    conventional tests assume that, with no effect, the outcome is exchangeable across relations;
+    here the sampling noise of generalization differs between relations (fewer answers and more
+    imbalance, more noise) and those relations are not placed at random along readability, so a
+    conventional test can reject too often. The Monte-Carlo test is exact under the simulated null
+    whatever the noise (its false-positive rate is measured by testing each simulated study against
+    the others), so the study headlines its p-value.
+
+    Columns: ``outcome``, ``predictor``, ``analysis``, ``false_positive_rate`` (conventional test;
+    an undefined statistic counts as no rejection), ``false_positive_rate_monte_carlo``, ``mc_se``
+    (binomial standard error of the former), ``mean_r``, ``sd_r`` (the statistic's null
+    distribution), ``observed_r`` and ``p_monte_carlo`` (the study's own statistic and its
+    Monte-Carlo p, when the design carries the observed outcomes), ``n_sim``, ``n_undefined``,
+    ``alpha``.
     """
     raw, kap = simulate_outcomes(design, n_sim, seed)
-    rows, simulated_r = [], {}
-    for outcome, predictor, x, Y in (("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap),
-                                     ("generalization", "readability_best", design.readability, raw)):
+    rows = []
+    for outcome, predictor, x, Y, obs in (
+            ("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap, design.observed_kappa),
+            ("generalization", "readability_best", design.readability, raw, design.observed)):
         res = null_statistics(x, Y, design.covariates, n_perm=n_perm, seed=seed + 1)
-        simulated_r[outcome] = res["pearson"]
+        res_obs = null_statistics(x, obs[None, :], design.covariates, n_perm=9, seed=seed) if obs is not None else {}
         for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:
             p = res[f"p:{name}"]
             r = res[name if name in res else "pearson"]
+            r_obs = float(res_obs[name if name in res else "pearson"][0]) if res_obs else float("nan")
             fpr = float(np.mean(np.nan_to_num(p, nan=1.0) < alpha))
             rows.append({"outcome": outcome, "predictor": predictor, "analysis": name, "false_positive_rate": fpr,
+                         "false_positive_rate_monte_carlo": float(np.mean(_leave_one_out_p(r) < alpha)),
                          "mc_se": float(np.sqrt(fpr * (1 - fpr) / n_sim)), "mean_r": float(np.nanmean(r)),
-                         "sd_r": float(np.nanstd(r)), "n_sim": n_sim, "n_undefined": int(np.isnan(p).sum()), "alpha": alpha})
-    table = pd.DataFrame(rows)
-    return (table, simulated_r) if return_r else table
+                         "sd_r": float(np.nanstd(r)), "observed_r": r_obs, "p_monte_carlo": monte_carlo_p(r, r_obs),
+                         "n_sim": n_sim, "n_undefined": int(np.isnan(p).sum()), "alpha": alpha})
+    return pd.DataFrame(rows)
 
 
 def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> pd.DataFrame:
     """Recompute the null-calibration table of a finished study folder from its saved tables (the
-    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``summary.json`` and the
-    report."""
+    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``stats.csv``,
+    ``summary.json`` and the report."""
     import json
     from pathlib import Path
 
+    from .summary import apply_null
     from .tables import write_csv, write_json
 
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
     c = summary["config"]
-    design = null_design(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c["methods"][0],
-                         c["category"], c["label_seeds"][0], c["finetune_seeds"][0])
     n_sim = n_sim or c.get("n_null", 2000)
-    table = calibration_table(design, n_sim=n_sim, seed=c["split_seed"] if seed is None else seed, n_perm=c["n_perm"])
+    table = null_tables(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c, n_sim,
+                        c["split_seed"] if seed is None else seed)
+    stats = pd.read_csv(out / "stats.csv").drop(columns=["p_monte_carlo"], errors="ignore")
+    stats, summary = apply_null(stats, table, summary)
     write_csv(table, out / "null_calibration.csv")
-    head = summary["headline"]
-
-    def fpr(outcome):
-        return float(table[(table.outcome == outcome) & (table.analysis == "pearson")].false_positive_rate.iloc[0])
-
-    summary["null_calibration"] = {"n_sim": n_sim, "alpha": 0.05, "headline_false_positive_rate": fpr(head["outcome"]),
-                                   "raw_false_positive_rate": fpr(summary["raw"]["outcome"]),
-                                   "max_kappa_false_positive_rate": float(table[table.outcome == head["outcome"]].false_positive_rate.max())}
-    head["null_false_positive_rate"] = summary["null_calibration"]["headline_false_positive_rate"]
-    summary["raw"]["null_false_positive_rate"] = summary["null_calibration"]["raw_false_positive_rate"]
+    write_csv(stats, out / "stats.csv")
     write_json(summary, out / "summary.json")
     from .report import write_report
 
     write_report(out)
     return table
+
+
+def null_tables(relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int) -> pd.DataFrame:
+    """The calibration table of every fine-tuning method of a study (a ``method`` column)."""
+    parts = []
+    for m in config["methods"]:
+        design = null_design(relations, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0])
+        parts.append(calibration_table(design, n_sim=n_sim, seed=seed, n_perm=config["n_perm"]).assign(method=m))
+    t = pd.concat(parts, ignore_index=True)
+    return t[["method"] + [c for c in t.columns if c != "method"]]

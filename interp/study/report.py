@@ -60,11 +60,13 @@ th{{background:#f3f3f3}}.note{{color:#a00}}section{{margin:2em 0}}</style></head
 Both readability and generalization are measured as Cohen's kappa (0 = what a guess blind to the subject scores, given the
 answer distribution; 1 = perfect). Pearson r between best-layer readability and held-out generalization ({h['method']} fine-tuning):
 <b>{pear.get('r', float('nan')):.3f}</b> (95% CI {pear.get('ci', nan2)[0]:.3f} to {pear.get('ci', nan2)[1]:.3f},
-{html.escape(str(pear.get('ci_method', '')))}; permutation p = {pear.get('p_value', float('nan')):.3g}).
-In {nc['n_sim']} simulated studies with no generalization beyond chance this statistic rejects at
-{nc['headline_false_positive_rate']:.3f} (nominal {nc['alpha']}).</p>
-<p>Secondary: on raw accuracies r = {rawp.get('r', float('nan')):.3f} (p = {rawp.get('p_value', float('nan')):.3g}); it is inflated
-because {html.escape(raw['why_inflated'])}: with no generalization at all it rejects at {nc['raw_false_positive_rate']:.3f}.</p>
+{html.escape(str(pear.get('ci_method', '')))}); Monte-Carlo p = <b>{pear.get('p_monte_carlo', float('nan')):.3g}</b> against
+{nc['n_sim']} simulated studies of this design with no generalization beyond chance (permutation p = {pear.get('p_value', float('nan')):.3g}).
+On those simulated studies the Monte-Carlo test rejects at {nc['headline_false_positive_rate']:.3f} and the permutation test at
+{nc['headline_permutation_false_positive_rate']:.3f} (nominal {nc['alpha']}).</p>
+<p>Secondary: on raw accuracies r = {rawp.get('r', float('nan')):.3f} (permutation p = {rawp.get('p_value', float('nan')):.3g},
+Monte-Carlo p = {rawp.get('p_monte_carlo', float('nan')):.3g}); it is inflated because {html.escape(raw['why_inflated'])}: with no
+generalization at all its permutation test rejects at {nc['raw_false_positive_rate']:.3f}.</p>
 <p>Robustness: r from {summary['robustness']['r_min']:.3f} to {summary['robustness']['r_max']:.3f} over
 {summary['robustness']['n_settings']} settings. Error back-mapping ({bm.get('method', '')}, {bm.get('n_errors', 0)} errors on
 {bm.get('n_relations', 0)} informative relations): a wrong label maps back into the probe's top-{summary['config']['top_k']} wrong

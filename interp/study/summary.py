@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .backmap import backmap_summary, backmap_table
-from .null import calibration_table, null_design
+from .null import null_tables
 from .stats import COVARIATES, correlation_table, pearson
 from .tables import write_csv, write_json
 
@@ -87,6 +87,41 @@ def robustness_table(study, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[pd.DataFrame, dict]:
+    """Put the null calibration into the statistics table (``p_monte_carlo``: each statistic's
+    p-value against the study's own simulated null) and the summary (the headline's p-value is the
+    Monte-Carlo one; the conventional tests' false-positive rates are reported beside it)."""
+    keys = ["method", "predictor", "outcome", "analysis"]
+    mc = null[keys + ["p_monte_carlo"]].rename(columns={"outcome": "outcome"})
+    stats = stats.merge(mc, on=keys, how="left")
+    m0 = summary["headline"]["method"]
+
+    def row(outcome, analysis="pearson"):
+        r = null[(null.method == m0) & (null.outcome == outcome) & (null.analysis == analysis)]
+        return r.iloc[0] if len(r) else None
+
+    head, raw = row(HEADLINE[1]), row(RAW[1])
+    for key, (part, r) in {"headline": (HEADLINE, head), "raw": (RAW, raw)}.items():
+        for analysis, d in summary[key].items():
+            if isinstance(d, dict) and "r" in d:
+                hit = stats[(stats.method == m0) & (stats.predictor == part[0]) & (stats.outcome == part[1]) & (stats.analysis == analysis)]
+                d["p_monte_carlo"] = float(hit.p_monte_carlo.iloc[0]) if len(hit) else float("nan")
+    kap = null[(null.method == m0) & (null.outcome == HEADLINE[1])]
+    n_sim = int(null.n_sim.iloc[0]) if len(null) else 0
+    summary["null_calibration"] = {
+        "n_sim": n_sim, "alpha": float(null.alpha.iloc[0]) if len(null) else 0.05, "method": m0,
+        "headline_test": "Monte-Carlo p against the study's simulated null",
+        "headline_false_positive_rate": float(head.false_positive_rate_monte_carlo) if head is not None else float("nan"),
+        "headline_permutation_false_positive_rate": float(head.false_positive_rate) if head is not None else float("nan"),
+        "raw_false_positive_rate": float(raw.false_positive_rate) if raw is not None else float("nan"),
+        "raw_monte_carlo_false_positive_rate": float(raw.false_positive_rate_monte_carlo) if raw is not None else float("nan"),
+        "max_kappa_conventional_false_positive_rate": float(kap.false_positive_rate.max()) if len(kap) else float("nan"),
+        "max_kappa_monte_carlo_false_positive_rate": float(kap.false_positive_rate_monte_carlo.max()) if len(kap) else float("nan"),
+    }
+    summary["headline"]["p_value_headline"] = summary["headline"].get("pearson", {}).get("p_monte_carlo", float("nan"))
+    return stats, summary
+
+
 def summarize(study, readability, layers, readout, pretrained, results, best, notes=()) -> None:
     out, c = study.out, study.config
     done = [r for r in results if r["status"] == "done"]
@@ -106,8 +141,7 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
             stats_rows += [dict(method=m, **row) for row in correlation_table(t, x, y, COVARIATES, c.n_boot, c.n_perm)]
     stats = pd.DataFrame(stats_rows)
 
-    design = null_design(rel, preds, m0, c.category, c.label_seeds[0], c.finetune_seeds[0])
-    null, null_rs = calibration_table(design, n_sim=c.n_null, seed=c.split_seed, n_perm=c.n_perm, return_r=True)
+    null = null_tables(rel, preds, c.to_dict(), c.n_null, c.split_seed)
     rob = robustness_table(study, rel, runs)
     unique_r = rob.drop_duplicates("key").r if "key" in rob else rob.r
 
@@ -123,33 +157,13 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
                                **({"ci": [row.ci_low, row.ci_high], "ci_method": row.ci_method} if row.analysis == "pearson" else {})}
                 for row in rows.itertuples()}
 
-    def null_p(outcome):
-        """Share of simulated null studies whose |r| reaches the observed |r| (a calibrated p)."""
-        row = stats[(stats.method == m0) & (stats.outcome == outcome) & (stats.analysis == "pearson")
-                    & (stats.predictor == (HEADLINE if outcome == HEADLINE[1] else RAW)[0])]
-        sims = null_rs.get(outcome)
-        if not len(row) or sims is None or not np.isfinite(row.r.iloc[0]):
-            return float("nan")
-        sims = sims[np.isfinite(sims)]
-        return float((1 + np.sum(np.abs(sims) >= abs(row.r.iloc[0]) - 1e-12)) / (1 + len(sims)))
-
-    def fpr(outcome, analysis):
-        row = null[(null.outcome == outcome) & (null.analysis == analysis)]
-        return float(row.false_positive_rate.iloc[0]) if len(row) else float("nan")
-
     summary = {
         "model": study.model.name, "n_relations": len(study.relations), "methods": list(c.methods),
         "headline": {"method": m0, "predictor": HEADLINE[0], "outcome": HEADLINE[1], "measure": "Cohen's kappa",
-                     **analyses(*HEADLINE), "null_false_positive_rate": fpr(HEADLINE[1], "pearson"),
-                     "null_p_value": null_p(HEADLINE[1])},
-        "raw": {"predictor": RAW[0], "outcome": RAW[1], **analyses(*RAW), "null_false_positive_rate": fpr(RAW[1], "pearson"),
-                "null_p_value": null_p(RAW[1]),
+                     **analyses(*HEADLINE)},
+        "raw": {"predictor": RAW[0], "outcome": RAW[1], **analyses(*RAW),
                 "why_inflated": "raw accuracies share chance levels: with fewer or more lopsided answers a blind guess scores "
                                 "higher and readability is higher too, so raw accuracies correlate even with no generalization"},
-        "null_calibration": {"n_sim": c.n_null, "alpha": 0.05,
-                             "headline_false_positive_rate": fpr(HEADLINE[1], "pearson"),
-                             "raw_false_positive_rate": fpr(RAW[1], "pearson"),
-                             "max_kappa_false_positive_rate": float(null[null.outcome == HEADLINE[1]].false_positive_rate.max())},
         "robustness": {"r_min": float(unique_r.min()), "r_max": float(unique_r.max()), "r_std": float(unique_r.std()),
                        "n_settings": int(unique_r.notna().sum()), "measure": "kappa",
                        "note": "the main run appears once per kind of variation in robustness.csv; spread over distinct runs",
@@ -167,6 +181,7 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
         "frequency_covariate": study.frequency_source, "fixed_layer": study.fixed_layer,
         "config": c.to_dict(),
     }
+    stats, summary = apply_null(stats, null, summary)
     for name, df in (("relations", rel), ("finetunes", finetunes), ("predictions", preds), ("stats", stats),
                      ("robustness", rob), ("backmap", backmap), ("null_calibration", null)):
         write_csv(df, out / f"{name}.csv")
