@@ -230,3 +230,25 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
 
     with pytest.raises(ValueError, match="not manipulated but are written differently"):
         causal_test("/nonexistent", ["city"], spec=spec)
+
+
+def test_null_and_findings_commands_rebuild_from_saved_tables(finished, tmp_path):
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from interp.cli import app
+
+    out, _ = finished
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    res = CliRunner().invoke(app, ["study", "null", str(copy), "--n-sim", "300"])
+    assert res.exit_code == 0, res.output
+    null = pd.read_csv(copy / "null_calibration.csv")
+    summary = json.loads((copy / "summary.json").read_text())
+    assert (null.n_sim == 300).all() and summary["null_calibration"]["n_sim"] == 300
+    assert "p_monte_carlo" in pd.read_csv(copy / "stats.csv")
+    res = CliRunner().invoke(app, ["study", "findings", "--study", str(copy), "--out", str(tmp_path / "docs" / "study.md")])
+    assert res.exit_code == 0, res.output
+    page = (tmp_path / "docs" / "study.md").read_text()
+    assert "Monte-Carlo p" in page and "### Null calibration" in page and "| continent |" in page
