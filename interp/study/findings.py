@@ -50,8 +50,8 @@ METHODS = """## How to read these numbers
 - **Back-mapping.** Both top-k lists rank wrong answers only, and each hit rate is compared with
   a uniformly random wrong answer and with the back-mapped answers shuffled among a relation's
   errors (which keeps label and answer popularity) (`interp/study/backmap.py`).
-- **Causal test.** The two worlds write every non-manipulated relation identically (hashes in
-  `causal.csv`); differences in differences come with a bootstrap CI and a permutation p over
+- **Causal test.** The two worlds write every non-manipulated relation identically (document
+  hashes compared before any training; `writing_identical` in `causal.csv`); differences in differences come with a bootstrap CI and a permutation p over
   relations.
 """
 
