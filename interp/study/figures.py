@@ -18,7 +18,9 @@ def scatter(relations: pd.DataFrame, stats: pd.DataFrame, method: str, x: str = 
     title = f"Readability vs generalization ({method} fine-tuning, {measure})"
     if len(row):
         r = row.iloc[0]
-        title += f"<br><sup>Pearson r = {r.r:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}], permutation p = {r.p_value:.3g}, n = {int(r.n)}</sup>"
+        mc = getattr(r, "p_monte_carlo", float("nan"))
+        p = (f"Monte-Carlo p = {mc:.2g} (permutation p = {r.p_value:.2g})" if pd.notna(mc) else f"permutation p = {r.p_value:.3g}")
+        title += f"<br><sup>Pearson r = {r.r:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}], {p}, n = {int(r.n)}</sup>"
     fig = go.Figure(go.Scatter(
         x=relations[x], y=relations[f"{y}_{method}"], mode="markers+text", text=relations.relation,
         textposition="top center", textfont=dict(size=11), marker=dict(size=10, color=PALETTE[0]),
@@ -44,11 +46,13 @@ def null_calibration(null: pd.DataFrame) -> go.Figure:
         name = "kappa" if outcome.endswith("kappa") else "raw accuracy"
         for col, test in (("false_positive_rate", "conventional"), ("false_positive_rate_monte_carlo", "Monte-Carlo")):
             if col in g:
+                se = (g[col] * (1 - g[col]) / g.n_sim) ** 0.5  # binomial Monte-Carlo error of this rate
                 fig.add_trace(go.Bar(x=g.analysis, y=g[col], name=f"{name}, {test} test", marker_color=PALETTE[i % len(PALETTE)],
-                                     error_y=dict(type="data", array=1.96 * g.mc_se)))
+                                     error_y=dict(type="data", array=1.96 * se)))
                 i += 1
     alpha = float(null.alpha.iloc[0]) if len(null) else 0.05
-    fig.add_hline(y=alpha, line_dash="dash", line_color="#444", annotation_text=f"nominal {alpha:g}")
+    fig.add_hline(y=alpha, line_dash="dash", line_color="#D55E00", annotation_text=f"nominal {alpha:g}",
+                  annotation_position="top left", layer="above")
     n = int(null.n_sim.iloc[0]) if len(null) else 0
     fig.update_layout(title=f"Null calibration: false-positive rates with no generalization ({n} simulated studies)",
                       yaxis_title="false-positive rate", barmode="group")
@@ -84,7 +88,8 @@ def backmap(table: pd.DataFrame, summary: dict) -> go.Figure:
             fig.add_trace(go.Bar(x=g.relation, y=g[f"{who}_ratio"], name=f"{name} ({method})",
                                  marker_color=PALETTE[(2 * i + j) % len(PALETTE)], customdata=g.n_errors,
                                  hovertemplate="%{x}: %{y:.2f}x expected (%{customdata} errors)<extra></extra>"))
-    fig.add_hline(y=1, line_dash="dash", line_color="#444", annotation_text="uniformly random wrong answer")
+    fig.add_hline(y=1, line_dash="dash", line_color="#D55E00", annotation_text="uniformly random wrong answer",
+                  annotation_position="top left", layer="above")
     b = summary["backmap"].get(summary["methods"][0], {})
     sub = (f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, model {b.get('model_ratio', float('nan')):.2f}x uniform "
            f"({b.get('probe_ratio_shuffled', float('nan')):.2f}x, {b.get('model_ratio_shuffled', float('nan')):.2f}x shuffled); "
