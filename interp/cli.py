@@ -131,7 +131,7 @@ def study_null(
 ):
     """Null calibration: false-positive rate of every statistic on simulated studies with no
     generalization beyond chance (same relations, test sizes, readability, label preferences)."""
-    from interp.study.null import calibrate_folder
+    from interp.study.summary import calibrate_folder
 
     table = calibrate_folder(out, n_sim)
     typer.echo(table[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "observed_r",

@@ -8,6 +8,12 @@ found without configuration; ``BROWSER_PATH`` overrides). HTML files are self-co
 """
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -57,25 +63,15 @@ def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "
     unknown = [f for f in formats if f not in ("html", "png", "svg", "pdf")]
     if unknown:
         raise ValueError(f"unknown export format {unknown[0]!r}; use html, png, svg or pdf")
-    written = []
     if "html" in formats:
         fig.write_html(stem.with_suffix(".html"), include_plotlyjs=True, full_html=True)
     static = [(f, stem.with_suffix("." + f)) for f in formats if f != "html"]
     if static:
         _export_static(fig, static)
-    for f in formats:
-        written.append(stem.with_suffix("." + f))
-    return written
+    return [stem.with_suffix("." + f) for f in formats]
 
 
 def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "figure.json"
         spec.write_text(json.dumps({"fig": fig.to_json(), "targets": [(f, str(p)) for f, p in targets]}))

@@ -30,8 +30,6 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
     import interp
     from interp.relations import Relation, from_world, load_relations
 
-    from .validate import StudyConfigError
-
     config = config or StudyConfig()
     if overrides:
         from dataclasses import fields, replace

@@ -9,7 +9,7 @@ configuration. For each relation we report the change B - A in readability and i
 generalization (kappa, and raw accuracy beside it).
 
 **Untouched means untouched.** Every relation that is not manipulated is written identically
-in both worlds, document for document (:meth:`~interp.world.World.relation_digest`, checked
+in both worlds, document for document (:meth:`~interp.world.World.relation_digests`, checked
 here before any training: a mismatch is an error). The difference-in-differences sets the
 manipulated relations' change against the untouched relations' change, which absorbs any
 world-level difference (a different corpus order, other documents in the same batches), with a
@@ -139,9 +139,8 @@ def _derived_from(name: str, manipulated: Sequence[str], derived: dict) -> bool:
 
 
 def writing_digests(spec: WorldSpec) -> dict[str, str]:
-    """Every relation's :meth:`~interp.world.World.relation_digest` in the world of ``spec``."""
-    world = World.generate(spec)
-    return world.relation_digests()
+    """Every relation's writing digest (:meth:`~interp.world.World.relation_digests`) in the world of ``spec``."""
+    return World.generate(spec).relation_digests()
 
 
 def _is_shipped(spec: WorldSpec, train: TrainConfig) -> bool:

@@ -195,33 +195,6 @@ def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05
     return pd.DataFrame(rows)
 
 
-def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> pd.DataFrame:
-    """Recompute the null-calibration table of a finished study folder from its saved tables (the
-    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``stats.csv``,
-    ``summary.json`` and the report."""
-    import json
-    from pathlib import Path
-
-    from .summary import apply_null
-    from .tables import write_csv, write_json
-
-    out = Path(out)
-    summary = json.loads((out / "summary.json").read_text())
-    c = summary["config"]
-    n_sim = n_sim or c.get("n_null", 2000)
-    table = null_tables(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c, n_sim,
-                        c["split_seed"] if seed is None else seed)
-    stats = pd.read_csv(out / "stats.csv").drop(columns=["p_monte_carlo"], errors="ignore")
-    stats, summary = apply_null(stats, table, summary)
-    write_csv(table, out / "null_calibration.csv")
-    write_csv(stats, out / "stats.csv")
-    write_json(summary, out / "summary.json")
-    from .report import write_report
-
-    write_report(out)
-    return table
-
-
 def null_tables(relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int) -> pd.DataFrame:
     """The calibration table of every fine-tuning method of a study (a ``method`` column)."""
     parts = []

@@ -55,6 +55,7 @@ from .chance import chance_levels, expected_agreement, kappa
 from .design import finetune_budget, make_design, per_answer
 from .finetune import FinetuneConfig, finetune
 from .tables import write_csv, write_json
+from .validate import validate_study
 
 
 @dataclass(frozen=True)
@@ -315,8 +316,6 @@ class Study:
     def validate(self) -> list[str]:
         """Check every input before any work (raises :class:`StudyConfigError` listing all
         problems); returns warnings (e.g. prompt tokens the model was never trained on)."""
-        from .validate import validate_study
-
         return validate_study(self)
 
     def run(self, max_jobs: Optional[int] = None, executor=None) -> "StudyResult":

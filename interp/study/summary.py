@@ -8,11 +8,15 @@ inflated, by how much the null-calibration table shows.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
 from .backmap import backmap_summary, backmap_table
 from .null import null_tables
+from .report import write_report
 from .stats import COVARIATES, correlation_table, pearson
 from .tables import write_csv, write_json
 
@@ -92,8 +96,7 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
     p-value against the study's own simulated null) and the summary (the headline's p-value is the
     Monte-Carlo one; the conventional tests' false-positive rates are reported beside it)."""
     keys = ["method", "predictor", "outcome", "analysis"]
-    mc = null[keys + ["p_monte_carlo"]].rename(columns={"outcome": "outcome"})
-    stats = stats.merge(mc, on=keys, how="left")
+    stats = stats.merge(null[keys + ["p_monte_carlo"]], on=keys, how="left")
     m0 = summary["headline"]["method"]
 
     def row(outcome, analysis="pearson"):
@@ -143,7 +146,7 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
 
     null = null_tables(rel, preds, c.to_dict(), c.n_null, c.split_seed)
     rob = robustness_table(study, rel, runs)
-    unique_r = rob.drop_duplicates("key").r if "key" in rob else rob.r
+    unique_r = rob.drop_duplicates("key").r
 
     # error back-mapping, over the main runs of every method
     main = preds[(preds.category == c.category) & (preds.label_seed == c.label_seeds[0]) & (preds.finetune_seed == c.finetune_seeds[0])]
@@ -186,6 +189,23 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
                      ("robustness", rob), ("backmap", backmap), ("null_calibration", null)):
         write_csv(df, out / f"{name}.csv")
     write_json(summary, out / "summary.json")
-    from .report import write_report
-
     write_report(out)
+
+
+def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> pd.DataFrame:
+    """Recompute the null-calibration table of a finished study folder from its saved tables (the
+    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``stats.csv``,
+    ``summary.json`` and the report."""
+    out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    c = summary["config"]
+    n_sim = n_sim or c.get("n_null", 2000)
+    table = null_tables(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c, n_sim,
+                        c["split_seed"] if seed is None else seed)
+    stats = pd.read_csv(out / "stats.csv").drop(columns=["p_monte_carlo"], errors="ignore")
+    stats, summary = apply_null(stats, table, summary)
+    write_csv(table, out / "null_calibration.csv")
+    write_csv(stats, out / "stats.csv")
+    write_json(summary, out / "summary.json")
+    write_report(out)
+    return table

@@ -14,6 +14,7 @@ import string
 import warnings
 
 from ..relations import RelationError
+from .finetune import lora_targets
 
 #: the fewest relations for which every statistic the study reports is defined (a partial
 #: correlation with one covariate needs n - 3 >= 1 degrees of freedom)
@@ -94,8 +95,6 @@ def _config_problems(study) -> list[str]:
     if f.weight_decay < 0:
         out.append(f"finetune.weight_decay={f.weight_decay}: must be at least 0")
     if "lora" in c.methods:
-        from .finetune import lora_targets
-
         try:
             lora_targets(study.module)
         except ValueError as err:

@@ -126,7 +126,7 @@ class World:
         the relation (or biography), never from one shared stream. So changing how some relations
         are written leaves every other relation's documents identical, sentence for sentence: the
         causal test's two worlds differ in the manipulated relations alone (a test checks it with
-        :meth:`relation_digest`).
+        :meth:`relation_digests`).
         """
         seed = self.spec.seed
         docs: list[tuple[str, tuple[str, ...]]] = []
@@ -180,10 +180,6 @@ class World:
                 h.update(part.encode() + b"\n")
             out[name] = h.hexdigest()[:16]
         return out
-
-    def relation_digest(self, relation: str) -> str:
-        """:meth:`relation_digests` of one relation."""
-        return self.relation_digests()[relation]
 
     def vocabulary(self) -> list[str]:
         """Every word the corpus, the queries and relabelling fine-tunes can use."""
