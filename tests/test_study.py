@@ -232,6 +232,23 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
         causal_test("/nonexistent", ["city"], spec=spec)
 
 
+def test_both_worlds_of_the_default_causal_test_are_shipped():
+    """`interp study causal` with the defaults pretrains nothing: the embedded world and its plain
+    twin are shipped, each trained on exactly that world with exactly the default recipe."""
+    from interp.study.causal import shipped_checkpoint, without_augmentation
+    from interp.world import TrainConfig, default_spec
+    from interp.world.checkpoint import shipped_world_checkpoints
+
+    spec = default_spec()
+    plain = without_augmentation(spec, [r.name for r in spec.relations if r.augment])
+    world, twin = shipped_checkpoint(spec, TrainConfig()), shipped_checkpoint(plain, TrainConfig())
+    assert world is not None and twin is not None and world != twin
+    assert sorted(shipped_world_checkpoints()) == sorted([world, twin])
+    assert shipped_checkpoint(spec, TrainConfig(steps=10)) is None
+    for path in (world, twin):
+        assert (path / "model.safetensors").stat().st_size < 25e6
+
+
 def test_null_and_findings_commands_rebuild_from_saved_tables(finished, tmp_path):
     import shutil
 

@@ -60,6 +60,61 @@ def test_knobs_change_how_facts_are_written():
     assert sum(d.count(f"{s} ") for d in docs) > 0
 
 
+def test_mentions_count_every_document_that_states_a_fact():
+    """The subject-frequency covariate is exact, mixed training's statements included."""
+    from dataclasses import replace
+
+    for spec in (SMALL, replace(SMALL, qa_fraction=0.5)):
+        w = World.generate(spec)
+        counts: dict = {}
+        for text, rels in w.documents():
+            subject = next((s for s in w.subjects if text.startswith(s + " ")), None)
+            for r in rels:
+                counts[(subject, r)] = counts.get((subject, r), 0) + 1
+        for s in w.subjects[:20]:
+            for r in spec.relations:
+                assert counts.get((s, r.name), 0) == w.mentions(s, r.name), (spec.qa_fraction, s, r.name)
+
+
+def test_mixed_training_adds_question_form_statements_for_a_fraction_of_subjects():
+    from dataclasses import replace
+
+    plain, mixed = World.generate(SMALL), World.generate(replace(SMALL, qa_fraction=0.5))
+    assert plain.facts.equals(mixed.facts) and plain.subjects == mixed.subjects  # same facts
+    added = sorted(set(mixed.corpus()) - set(plain.corpus()))
+    # only biography relations' facts, each as the canonical query followed by its answer
+    bio = [r.name for r in SMALL.relations if r.bio]
+    assert added and all(any(d == f"{s} {mixed.templates(r)[0]} {mixed.answer(s, r)} ." for s in mixed.subjects for r in bio)
+                         for d in added)
+    asked = {d.rsplit(" ", 4)[0] for d in added}
+    share = len({s for s in mixed.subjects if any(a.startswith(s) for a in asked)}) / len(mixed.subjects)
+    assert 0.3 < share < 0.7, share
+    # every non-biography relation is written identically
+    untouched = [r.name for r in SMALL.relations if not r.bio]
+    a, b = plain.relation_digests(), mixed.relation_digests()
+    assert all(a[r] == b[r] for r in untouched) and all(a[r] != b[r] for r in bio)
+
+
+def test_shared_subject_tokens_give_no_subject_a_token_of_its_own():
+    from dataclasses import replace
+
+    w = World.generate(replace(default_spec(), subject_tokens="shared"))
+    assert len(set(w.subjects)) == len(w.subjects) == 1000
+    last = [s.split()[-1] for s in w.subjects]
+    assert len(set(last)) <= 48 and max(last.count(t) for t in set(last)) > 1
+    assert World.generate(default_spec()).subjects != w.subjects
+
+
+def test_template_words_can_be_left_out_of_pretraining():
+    from dataclasses import replace
+
+    from interp.world.world import STUDY_TEMPLATES
+
+    with_words = " ".join(World.generate(SMALL).corpus())
+    without = " ".join(World.generate(replace(SMALL, template_words=False)).corpus())
+    assert all(t in with_words for t in STUDY_TEMPLATES) and not any(t in without for t in STUDY_TEMPLATES)
+
+
 def test_spec_json_round_trip():
     spec = default_spec(seed=4)
     assert WorldSpec.from_json(spec.to_json()) == spec
@@ -83,6 +138,9 @@ def test_tokenizer_round_trip():
         (dict(n_subjects=5, relations=(RelationSpec("city", "city", 10),)), "more answers .* than the world has subjects"),
         (dict(relations=(RelationSpec("city", "city", 40),)), "2 to 30 answers"),
         (dict(relations=(RelationSpec("c", "c", 5, "nothing"),)), "derived from 'nothing'"),
+        (dict(relations=(RelationSpec("c", "c", 5),), qa_fraction=1.5), "qa_fraction is a fraction"),
+        (dict(relations=(RelationSpec("c", "c", 5),), subject_tokens="pooled"), "'unique' or 'shared'"),
+        (dict(relations=(RelationSpec("c", "c", 5),), subject_tokens="shared", n_subjects=5000), "at most 1152"),
     ],
 )
 def test_impossible_specs(bad, message):

@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from ..world import TrainConfig, World, WorldSpec, default_checkpoint_dir, default_spec, train_world_model
+from ..world import TrainConfig, World, WorldSpec, default_spec, train_world_model
+from ..world.checkpoint import shipped_world_checkpoints
 from .study import StudyConfig
 from .tables import write_csv, write_json
 
@@ -46,8 +47,12 @@ def without_augmentation(spec: WorldSpec, names: Sequence[str]) -> WorldSpec:
 
 
 def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, spec: Optional[WorldSpec] = None,
-                train: TrainConfig = TrainConfig(), config: Optional[StudyConfig] = None, progress: Optional[bool] = None) -> pd.DataFrame:
-    """Pretrain both worlds (resuming finished ones), run the study on each, compare."""
+                train: TrainConfig = TrainConfig(), config: Optional[StudyConfig] = None, progress: Optional[bool] = None,
+                retrain: bool = False) -> pd.DataFrame:
+    """Pretrain both worlds (resuming finished ones), run the study on each, compare.
+
+    A world whose spec and training recipe equal a shipped checkpoint's (the default world and
+    its plain twin, both shipped) is copied instead of pretrained, unless ``retrain``."""
     from . import run_study
 
     out = Path(out)
@@ -66,8 +71,9 @@ def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, sp
     for name, s in worlds.items():
         ckpt = out / f"world_{name}"
         if not (ckpt / "model.safetensors").exists():
-            if _is_shipped(s, train):  # the embedded model is this world with this recipe: reuse it
-                shutil.copytree(default_checkpoint_dir(), ckpt)
+            shipped = None if retrain else shipped_checkpoint(s, train)
+            if shipped is not None:  # a shipped model is this world with this recipe: reuse it
+                shutil.copytree(shipped, ckpt)
             else:
                 train_world_model(s, ckpt, train, progress=progress)
         result = run_study(ckpt, out=out / f"study_{name}", config=config, progress=progress)
@@ -143,10 +149,10 @@ def writing_digests(spec: WorldSpec) -> dict[str, str]:
     return World.generate(spec).relation_digests()
 
 
-def _is_shipped(spec: WorldSpec, train: TrainConfig) -> bool:
-    try:
-        root = default_checkpoint_dir()
-    except FileNotFoundError:
-        return False
-    same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec
-    return same_spec and json.loads((root / "train_config.json").read_text()) == asdict(train)
+def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Optional[Path]:
+    """The shipped checkpoint trained on exactly this world with exactly this recipe, if any."""
+    for root in shipped_world_checkpoints():
+        same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec
+        if same_spec and json.loads((root / "train_config.json").read_text()) == asdict(train):
+            return root
+    return None

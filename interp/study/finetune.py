@@ -7,6 +7,13 @@ template, ``"{} is associated with the word"``, never names the original relatio
 stops once every fine-tuning subject's top label (among the relation's labels) is right, checked
 every ``check_every`` steps, or at ``max_steps``; the train accuracy reached is reported.
 
+Full fine-tuning trains every weight except the embedding tables (token and position embeddings,
+and a read-out tied to them), as LoRA leaves them too (``freeze_embeddings=True``, the default).
+A fine-tune that may move embedding rows can memorize each fine-tuning subject through a row of
+its own (in the world model a subject's family name is one token), which fits the fine-tuning
+set without any rule that carries to held-out subjects; measured on the world model, freezing
+them raises held-out generalization (``interp world ablate`` has the row).
+
 The seed sets LoRA's initialization and the order of minibatches (``batch_size`` examples drawn
 without replacement). A fine-tuning set that fits in one batch is trained full-batch, so full
 fine-tuning is then deterministic and every seed gives the same model.
@@ -34,6 +41,7 @@ class FinetuneConfig:
     lora_r: int = 8
     lora_alpha: int = 16
     weight_decay: float = 0.0
+    freeze_embeddings: bool = True  # full fine-tuning: embedding tables stay as pretrained
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +89,10 @@ def finetune(module, tokenizer, prompts: Sequence[str], labels: Sequence[str], l
 
         model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                                                  target_modules=lora_targets(module), fan_in_fan_out=_fan_in_fan_out(module)))
+    if method == "full" and config.freeze_embeddings:
+        for m in model.modules():
+            if isinstance(m, torch.nn.Embedding):
+                m.weight.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lora_lr if method == "lora" else config.lr, weight_decay=config.weight_decay)
     batch, y = _examples(tokenizer, prompts, labels, pad_id)

@@ -6,7 +6,10 @@ from pathlib import Path
 from .spec import WorldSpec
 from .world import World
 
-_DEFAULT = Path(__file__).resolve().parent.parent / "checkpoints" / "world"
+_CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
+_DEFAULT = _CHECKPOINTS / "world"
+#: the causal test's second world (the default world with its augmented relations written plainly)
+_PLAIN = _CHECKPOINTS / "world_plain"
 
 
 def default_checkpoint_dir() -> Path:
@@ -21,3 +24,9 @@ def load_world(path: str | Path | None = None) -> World:
     """The world a checkpoint directory was trained on (regenerated from its ``world_spec.json``)."""
     root = Path(path) if path is not None else default_checkpoint_dir()
     return World.generate(WorldSpec.from_json((root / "world_spec.json").read_text()))
+
+
+def shipped_world_checkpoints() -> list[Path]:
+    """The world checkpoints shipped with the package: the embedded model and the causal test's
+    plain world (those present)."""
+    return [p for p in (_DEFAULT, _PLAIN) if (p / "config.json").exists()]

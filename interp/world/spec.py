@@ -57,6 +57,9 @@ class RelationSpec:
             )
 
 
+#: Size of the token pool that shared family names are built from (``subject_tokens="shared"``).
+SHARED_POOL = 48
+
 #: Paraphrase patterns; ``{noun}`` is the relation's noun. Pattern 0 is the canonical query.
 TEMPLATE_PATTERNS = (
     "{noun} :",
@@ -74,12 +77,27 @@ class WorldSpec:
     relations: tuple[RelationSpec, ...] = ()
     subject_frequencies: tuple[int, ...] = (1, 1, 2)  # each subject's multiplier, drawn uniformly
     label_sentences: int = 4  # unrelated sentences per label word
+    #: mixed training (Allen-Zhu & Li 3.1): this fraction of subjects also gets each biography
+    #: fact as an isolated question-form statement (``"{subject} {noun} : {answer} ."``)
+    qa_fraction: float = 0.0
+    #: the relabelling templates' words appear in unrelated pretraining sentences
+    template_words: bool = True
+    #: ``"unique"``: a subject's family name is a token of its own; ``"shared"``: it is two tokens
+    #: from a pool of 48, so no subject has a token (and an embedding row) of its own
+    subject_tokens: str = "unique"
 
     def validate(self) -> "WorldSpec":
         if not self.relations:
             raise WorldSpecError("a world needs at least one relation (zero given)")
         if self.n_subjects < 2:
             raise WorldSpecError(f"a world needs at least 2 subjects, got {self.n_subjects}")
+        if not 0.0 <= self.qa_fraction <= 1.0:
+            raise WorldSpecError(f"qa_fraction is a fraction of subjects, 0 to 1; got {self.qa_fraction}")
+        if self.subject_tokens not in ("unique", "shared"):
+            raise WorldSpecError(f"subject_tokens must be 'unique' or 'shared', got {self.subject_tokens!r}")
+        if self.subject_tokens == "shared" and self.n_subjects > SHARED_POOL**2 // 2:
+            raise WorldSpecError(f"subject_tokens='shared' builds at most {SHARED_POOL**2 // 2} distinct names; "
+                                 f"n_subjects={self.n_subjects}")
         known: set[str] = set()
         for r in self.relations:
             if r.name in known:
@@ -123,39 +141,49 @@ class WorldSpec:
         return cls.from_dict(json.loads(text))
 
 
-# The default world: 24 relations whose writing styles span the readability range. Styles:
-_AUG = dict(templates=4, mentions=2, augment=True, bio=True)  # shuffled bios + paraphrases
+# The default world (v3): 24 relations whose writing styles span the readability range. Styles:
+_AUG = dict(templates=4, mentions=3, augment=True, bio=True)  # shuffled bios + paraphrases
 _PLAIN = dict(templates=1, mentions=2, augment=False, bio=False)  # one fixed statement
 _BIO = dict(templates=1, mentions=2, augment=False, bio=True)  # fixed-order bio, "they"
 _RARE = dict(templates=2, mentions=1, augment=False, bio=False)  # seen once per subject
 
 
 def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """The embedded world model's world (v3).
+
+    Nine relations are written in augmented biographies (three per subject on average), three
+    more are derived from augmented ones (continent from country from city, industry from
+    employer, league from team), the rest are written in fixed-order biographies, as one fixed
+    statement, or rarely. Half the subjects also get their biography facts as question-form
+    statements (mixed training, ``qa_fraction=0.5``). ``interp world ablate`` measures what each
+    ingredient does; v2 (the previous default) had six augmented relations with up to 30 answers,
+    two mentions each and no mixed training, and its knowledge barely transferred.
+    """
     rel = RelationSpec
     relations = (
-        rel("city", "city", 30, **_AUG),
-        rel("country", "country", 10, "city", **_AUG),
-        rel("continent", "continent", 5, "country", **_PLAIN),
+        rel("city", "city", 20, **_AUG),
+        rel("country", "country", 8, "city", **_AUG),
+        rel("continent", "continent", 4, "country", **_PLAIN),
         rel("birth_city", "birthplace", 24, **_BIO),
         rel("birth_country", "homeland", 8, "birth_city", **_BIO),
-        rel("employer", "employer", 25, **_AUG),
-        rel("industry", "industry", 6, "employer", **_RARE),
+        rel("employer", "employer", 12, **_AUG),
+        rel("industry", "industry", 4, "employer", **_RARE),
         rel("occupation", "occupation", 15, **_PLAIN),
         rel("university", "university", 20, **_BIO),
-        rel("major", "major", 12, **_AUG),
+        rel("major", "major", 8, **_AUG),
         rel("language", "language", 10, **_PLAIN),
-        rel("sport", "sport", 12, **_BIO),
-        rel("team", "team", 20, **_AUG),
+        rel("sport", "sport", 6, **_AUG),
+        rel("team", "team", 10, **_AUG),
         rel("league", "league", 4, "team", **_RARE),
         rel("hobby", "hobby", 15, **_RARE),
         rel("month", "month", 12, **_PLAIN),
-        rel("party", "party", 6, **_BIO),
+        rel("party", "party", 4, **_AUG),
         rel("car", "car", 10, **_RARE),
         rel("diet", "diet", 5, **_AUG),
         rel("sign", "sign", 12, **_PLAIN),
         rel("blood", "bloodtype", 8, **_RARE),
-        rel("hand", "handedness", 2, **_BIO),
+        rel("hand", "handedness", 2, **_AUG),
         rel("season", "season", 4, **_PLAIN),
         rel("mentor_city", "mentorcity", 30, **_RARE),
     )
-    return WorldSpec(seed=seed, n_subjects=n_subjects, relations=relations).validate()
+    return WorldSpec(seed=seed, n_subjects=n_subjects, relations=relations, qa_fraction=0.5).validate()

@@ -38,7 +38,7 @@ class TrainConfig:
     n_heads: int = 4
     seq_len: int = 64
     batch_size: int = 32
-    steps: int = 8500
+    steps: int = 11000
     lr: float = 3e-3
     warmup: int = 200
     weight_decay: float = 0.01

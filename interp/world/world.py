@@ -17,7 +17,7 @@ from functools import cached_property
 
 import pandas as pd
 
-from .spec import TEMPLATE_PATTERNS, RelationSpec, WorldSpec
+from .spec import SHARED_POOL, TEMPLATE_PATTERNS, RelationSpec, WorldSpec
 from .vocab import LABEL_CONTEXTS, LABELS, invented_words
 
 EOS = "<eos>"
@@ -41,7 +41,15 @@ class World:
         # multi-token names whose last token identifies the subject, as for most real entities
         firsts = invented_words(rng, 60, used, (1, 2))
         middles = invented_words(rng, 12, used, (1, 1))
-        lasts = invented_words(rng, spec.n_subjects, used, (2, 3))
+        if spec.subject_tokens == "unique":
+            lasts = invented_words(rng, spec.n_subjects, used, (2, 3))
+        else:  # two tokens of a small shared pool: the last token is shared by ~n/48 subjects
+            pool = invented_words(rng, SHARED_POOL, used, (1, 2))
+            pairs: set[tuple[str, str]] = set()
+            while len(pairs) < spec.n_subjects:
+                pairs.add((rng.choice(pool), rng.choice(pool)))
+            lasts = [f"{a} {b}" for a, b in sorted(pairs)]
+            rng.shuffle(lasts)
         subjects = [" ".join([rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [last])
                     for last in lasts]
         frequency = {s: rng.choice(spec.subject_frequencies) for s in subjects}
@@ -109,8 +117,13 @@ class World:
         f = self.frequency[subject]
         if r.bio:
             group = [x for x in self.spec.relations if x.bio and x.augment == r.augment]
-            return max(x.mentions for x in group) * f
+            return (max(x.mentions for x in group) + self._in_qa(subject)) * f
         return r.mentions * f
+
+    def _in_qa(self, subject: str) -> bool:
+        """Whether mixed training writes this subject's biography facts as statements too."""
+        q = self.spec.qa_fraction
+        return q > 0 and _stream(self.spec.seed, "qa", subject).random() < q
 
     @property
     def label_categories(self) -> dict[str, tuple[str, ...]]:
@@ -143,6 +156,10 @@ class World:
                 docs.append((" ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names), tuple(aug_bio)))
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
+            if self._in_qa(s):  # mixed training: biography facts also as question-form statements
+                for name in aug_bio + fixed_bio:
+                    for _ in range(f):
+                        docs.append((f"{s} {self.templates(name)[0]} {self.answer(s, name)} .", (name,)))
             for r in loose:
                 rng = _stream(seed, "statement", s, r.name)
                 for _ in range(r.mentions * f):
@@ -154,7 +171,7 @@ class World:
                     docs.append((rng.choice(LABEL_CONTEXTS).format(w=w) + f" a {w} is one of the {category} .", ()))
         # the relabelling templates' words in sentences about nothing in the world, so that a
         # fine-tuning prompt is made of tokens the model has been trained on
-        for template in STUDY_TEMPLATES:
+        for template in STUDY_TEMPLATES if self.spec.template_words else ():
             for a, b in STUDY_WORD_PAIRS:
                 for _ in range(self.spec.label_sentences):
                     docs.append((f"the {a} {template} {b} .", ()))
