@@ -47,7 +47,7 @@ def test_ablation_table_and_resume(tmp_path):
                 Variant("embeddings fine-tuned", "ft", finetune={"freeze_embeddings": False})]
     df = ablate(tmp_path, variants, spec=TINY, steps=10, train=TRAIN, config=CFG, progress=False)
     assert df.variant.tolist() == [v.name for v in variants]
-    assert df.pretrained.tolist() == [False, True, False] and df.steps.tolist() == [10, 10, 10]
+    assert df.checkpoint.tolist() == ["own", "own", "baseline's"] and df.steps.tolist() == [10, 10, 10]
     assert ((df.recall >= 0) & (df.recall <= 1)).all() and df.readability.between(-1, 1).all()
     # the fine-tuning-only variant reuses the baseline's checkpoint and differs only in its study
     assert not (tmp_path / "variants" / "embeddings_fine_tuned" / "world").exists()
@@ -64,6 +64,13 @@ def test_ablation_table_and_resume(tmp_path):
     again = ablate(tmp_path, variants, spec=TINY, steps=10, train=TRAIN, config=CFG, progress=False)
     assert again.equals(df)
     assert (tmp_path / "variants" / "mixed_training" / "world" / "model.safetensors").stat().st_mtime_ns == stamp
+    # running only some variants keeps every finished row; other steps in the same folder are refused
+    assert ablate(tmp_path, variants, spec=TINY, steps=10, train=TRAIN, config=CFG, progress=False,
+                  only=["mixed training"]).equals(df)
+    with pytest.raises(ValueError, match="holds an ablation with other steps"):
+        ablate(tmp_path, variants, spec=TINY, steps=20, train=TRAIN, config=CFG, progress=False)
+    with pytest.raises(ValueError, match="unknown variant"):
+        ablate(tmp_path, variants, spec=TINY, steps=10, train=TRAIN, config=CFG, progress=False, only=["wide"])
 
 
 @pytest.mark.parametrize("freeze", [True, False])
@@ -86,3 +93,16 @@ def test_full_fine_tuning_leaves_embeddings_as_pretrained_by_default(model_dirs,
             assert same == freeze, n
     assert not all(torch.equal(before[n], after[n].detach()) for n in before)  # the rest trained
     assert all(torch.equal(before[n], p.detach()) for n, p in module.named_parameters())  # original untouched
+
+
+def test_world_section_reads_a_saved_report(tmp_path):
+    import pandas as pd
+
+    from interp.study.findings import world_section
+
+    df = pd.DataFrame({"relation": ["a", "b", "c"], "n_answers": [4, 10, 2], "augment": [True, False, False],
+                       "recall": [0.9, 1.0, 0.95], "readability": [0.8, 0.2, 0.6], "chance": [0.25, 0.1, 0.5]})
+    df.to_csv(tmp_path / "report.csv", index=False)
+    page = world_section(tmp_path / "report.csv")
+    assert "Mean recall **0.950** (lowest a 0.900)" in page
+    assert "the 1 augmented relations average 0.800 readability against 0.400 for the rest" in page

@@ -225,6 +225,10 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
     assert set(a) == set(b) == {r.name for r in spec.relations}
     for name in a:
         assert (a[name] == b[name]) == (name not in manipulated), name
+    # the same number of mentions of every fact, mixed training's statements included
+    wa, wb = World.generate(spec), World.generate(without_augmentation(spec, manipulated))
+    assert spec.qa_fraction > 0
+    assert all(wa.mentions(s, r.name) == wb.mentions(s, r.name) for s in wa.subjects for r in spec.relations)
     # a partial manipulation that would rewrite another relation's biographies is refused before any training
     from interp.study.causal import causal_test
 

@@ -71,7 +71,7 @@ def test_mentions_count_every_document_that_states_a_fact():
             subject = next((s for s in w.subjects if text.startswith(s + " ")), None)
             for r in rels:
                 counts[(subject, r)] = counts.get((subject, r), 0) + 1
-        for s in w.subjects[:20]:
+        for s in w.subjects:
             for r in spec.relations:
                 assert counts.get((s, r.name), 0) == w.mentions(s, r.name), (spec.qa_fraction, s, r.name)
 
@@ -101,8 +101,13 @@ def test_shared_subject_tokens_give_no_subject_a_token_of_its_own():
     w = World.generate(replace(default_spec(), subject_tokens="shared"))
     assert len(set(w.subjects)) == len(w.subjects) == 1000
     last = [s.split()[-1] for s in w.subjects]
-    assert len(set(last)) <= 48 and max(last.count(t) for t in set(last)) > 1
-    assert World.generate(default_spec()).subjects != w.subjects
+    assert min(last.count(t) for t in set(last)) >= 2  # every last token is shared by several subjects
+    # one factor changed: the same facts and frequencies, subject by subject (only the names differ)
+    u = World.generate(default_spec())
+    assert u.subjects != w.subjects and [s.split()[0] for s in u.subjects] == [s.split()[0] for s in w.subjects]
+    assert [u.frequency[s] for s in u.subjects] == [w.frequency[s] for s in w.subjects]
+    assert u.facts.answer.tolist() == w.facts.answer.tolist()
+    assert World.generate(replace(default_spec(), subject_tokens="shared")).subjects == w.subjects
 
 
 def test_template_words_can_be_left_out_of_pretraining():
@@ -227,5 +232,5 @@ def test_shipped_world_model_captures_through_both_backends():
         torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=1e-5)
 
 
-#: the issue's target; the shipped checkpoint measures 0.957 on all subjects, 0.958 on this 10% sample
-RECALL_FLOOR = 0.95
+#: the issue's target; the shipped checkpoint (v3) measures 0.984 on all subjects, 0.983 on this 10% sample
+RECALL_FLOOR = 0.97

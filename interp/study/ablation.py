@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -81,20 +81,21 @@ def default_variants(spec: Optional[WorldSpec] = None) -> list[Variant]:
     spec = spec or default_spec()
     qa = spec.qa_fraction
     base = TrainConfig()
-    return [
+    return [  # cheapest first: fine-tuning-only rows reuse the baseline's checkpoint
         Variant("baseline", "the shipped recipe"),
+        Variant("embeddings fine-tuned", "which parameters fine-tune (embeddings, and the read-out tied to them)",
+                finetune={"freeze_embeddings": False}),
+        Variant("fine-tune lr x0.3", "fine-tuning learning rate", finetune={"lr": FinetuneConfig.lr * 0.3}),
+        Variant("budget 40-120", "fine-tuning subjects", study={"finetune_budget": (40, 120)}),
+        Variant("LoRA", "LoRA instead of full fine-tuning", study={"methods": ("lora",)}),
+        Variant(f"{base.steps} steps", "pretraining steps", train={"steps": "recipe"}),
         Variant("no mixed training" if qa else "mixed training", "question-form statements in pretraining",
                 world={"qa_fraction": 0.0 if qa else 0.5}),
         Variant("no augmentation", "augmentation and paraphrase", world={"augment": False}),
         Variant("template words absent", "relabelling template's words in pretraining", world={"template_words": False}),
         Variant("shared subject tokens", "subjects built from shared tokens", world={"subject_tokens": "shared"}),
-        Variant(f"width {base.d_model * 2}", "width", train={"d_model": base.d_model * 2}),
         Variant(f"depth {base.n_layers // 2}", "depth", train={"n_layers": base.n_layers // 2}),
-        Variant(f"{base.steps} steps", "pretraining steps", train={"steps": "recipe"}),
-        Variant("embeddings fine-tuned", "which parameters fine-tune", finetune={"freeze_embeddings": False}),
-        Variant("fine-tune lr x0.3", "fine-tuning learning rate", finetune={"lr": FinetuneConfig.lr * 0.3}),
-        Variant("budget 40-120", "fine-tuning subjects", study={"finetune_budget": (40, 120)}),
-        Variant("LoRA", "LoRA instead of full fine-tuning", study={"methods": ("lora",)}),
+        Variant(f"width {base.d_model * 2}", "width", train={"d_model": base.d_model * 2}),
     ]
 
 
@@ -130,10 +131,12 @@ def _check(overrides: dict, cls, name: str, what: str) -> None:
 
 
 def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: Optional[WorldSpec] = None,
-           steps: int = 2500, train: TrainConfig = TrainConfig(), config: Optional[StudyConfig] = None,
-           progress: Optional[bool] = None) -> pd.DataFrame:
+           steps: int = 1500, train: TrainConfig = TrainConfig(), config: Optional[StudyConfig] = None,
+           progress: Optional[bool] = None, only: Optional[Sequence[str]] = None) -> pd.DataFrame:
     """Train and measure every variant (resuming finished ones); returns the one-row-per-variant table.
-    ``config``: the reduced study (default :func:`ablation_study_config`), which variants override."""
+    ``config``: the reduced study (default :func:`ablation_study_config`), which variants override.
+    ``only``: run just these variants (and the baseline) now; the tables keep every finished row.
+    A folder holding an ablation with other steps, world, recipe or study is refused."""
     from . import run_study
 
     out = Path(out)
@@ -148,13 +151,25 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
     for v in variants:
         _check(v.study, StudyConfig, v.name, "study")
         _check(v.finetune, FinetuneConfig, v.name, "finetune")
+    unknown = sorted(set(only or ()) - set(names))
+    if unknown:
+        raise ValueError(f"unknown variant(s) {unknown}; the variants: {', '.join(names)}")
+    plan = json.loads(json.dumps({"steps": steps, "train": asdict(train), "spec": json.loads(spec.to_json()),
+                                  "study": (config or ablation_study_config()).to_dict()}))
+    path = out / "ablation_plan.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        diffs = [k for k in plan if old.get(k) != plan[k]]
+        if diffs:
+            raise ValueError(f"{out} holds an ablation with other {', '.join(diffs)}; use a new folder (or delete this one)")
     out.mkdir(parents=True, exist_ok=True)
-    write_json({"steps": steps, "train": train.__dict__, "spec": json.loads(spec.to_json()),
-                "variants": [v.__dict__ for v in variants]}, out / "ablation_plan.json")
+    write_json(plan, path)
     rows, per_relation = [], []
     for v, s, t in tqdm(plans, desc="variants", disable=None if progress is None else not progress):
         folder = out / "variants" / _slug(v.name)
         done = folder / "row.json"
+        if not done.exists() and only is not None and v.name != "baseline" and v.name not in only:
+            continue
         if not done.exists():
             ckpt = folder / "world" if v.pretrains else out / "variants" / "baseline" / "world"
             minutes = None
@@ -174,7 +189,8 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
             m = vc.methods[0]
             gen, read = rel[f"generalization_kappa_{m}"], rel["readability_best_kappa"]
             pearson = result.summary.get("headline", {}).get("pearson", {})
-            row = {"variant": v.name, "factor": v.factor, "pretrained": v.pretrains, "steps": t.steps,
+            kind = "shipped" if shipped is not None else "own" if v.pretrains or v.name == "baseline" else "baseline's"
+            row = {"variant": v.name, "factor": v.factor, "checkpoint": kind, "steps": t.steps,
                    "pretrain_minutes": minutes, "recall": float(rec.mean()),
                    "readability": float(read.mean()), "readability_min": float(read.min()), "readability_max": float(read.max()),
                    "generalization": float(gen.mean()), "generalization_max": float(gen.max()),

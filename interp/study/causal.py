@@ -38,11 +38,13 @@ from .tables import write_csv, write_json
 def without_augmentation(spec: WorldSpec, names: Sequence[str]) -> WorldSpec:
     """``spec`` with the named relations written plainly: one template, no permutation augmentation,
     as isolated statements (``bio=False``: joining the fixed-order biography would rewrite the
-    biography relations' documents too). Their mention counts are unchanged."""
+    biography relations' documents too). Their mention counts are unchanged: under mixed training
+    they keep their question-form statements (``qa=True``)."""
     unknown = set(names) - {r.name for r in spec.relations}
     if unknown:
         raise ValueError(f"unknown relations {sorted(unknown)}")
-    rels = tuple(replace(r, augment=False, templates=1, bio=False) if r.name in names else r for r in spec.relations)
+    rels = tuple(replace(r, augment=False, templates=1, bio=False, qa=r.mixed) if r.name in names else r
+                 for r in spec.relations)
     return replace(spec, relations=rels).validate()
 
 

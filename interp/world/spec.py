@@ -38,6 +38,13 @@ class RelationSpec:
     mentions: int = 1
     augment: bool = False
     bio: bool = False
+    #: under mixed training (``WorldSpec.qa_fraction``), whether this relation's facts also get
+    #: question-form statements; ``None``: exactly when it is a biography relation
+    qa: Optional[bool] = None
+
+    @property
+    def mixed(self) -> bool:
+        return self.bio if self.qa is None else self.qa
 
     def validate(self, n_subjects: int, known: set[str]) -> None:
         if not 2 <= self.n_answers <= 30:

@@ -41,15 +41,15 @@ class World:
         # multi-token names whose last token identifies the subject, as for most real entities
         firsts = invented_words(rng, 60, used, (1, 2))
         middles = invented_words(rng, 12, used, (1, 1))
-        if spec.subject_tokens == "unique":
-            lasts = invented_words(rng, spec.n_subjects, used, (2, 3))
-        else:  # two tokens of a small shared pool: the last token is shared by ~n/48 subjects
-            pool = invented_words(rng, SHARED_POOL, used, (1, 2))
+        lasts = invented_words(rng, spec.n_subjects, used, (2, 3))
+        if spec.subject_tokens == "shared":  # two tokens of a small shared pool, drawn from a stream of
+            names = _stream(spec.seed, "shared-names")  # its own: every other draw (answers, frequencies) stays
+            pool = invented_words(names, SHARED_POOL, used, (1, 2))
             pairs: set[tuple[str, str]] = set()
             while len(pairs) < spec.n_subjects:
-                pairs.add((rng.choice(pool), rng.choice(pool)))
+                pairs.add((names.choice(pool), names.choice(pool)))
             lasts = [f"{a} {b}" for a, b in sorted(pairs)]
-            rng.shuffle(lasts)
+            names.shuffle(lasts)
         subjects = [" ".join([rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [last])
                     for last in lasts]
         frequency = {s: rng.choice(spec.subject_frequencies) for s in subjects}
@@ -115,10 +115,11 @@ class World:
         """Exactly how many corpus documents state this fact (the subject-frequency covariate)."""
         r = self.relation[relation]
         f = self.frequency[subject]
+        qa = r.mixed and self._in_qa(subject)
         if r.bio:
             group = [x for x in self.spec.relations if x.bio and x.augment == r.augment]
-            return (max(x.mentions for x in group) + self._in_qa(subject)) * f
-        return r.mentions * f
+            return (max(x.mentions for x in group) + qa) * f
+        return (r.mentions + qa) * f
 
     def _in_qa(self, subject: str) -> bool:
         """Whether mixed training writes this subject's biography facts as statements too."""
@@ -157,7 +158,7 @@ class World:
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
             if self._in_qa(s):  # mixed training: biography facts also as question-form statements
-                for name in aug_bio + fixed_bio:
+                for name in [n for n in aug_bio + fixed_bio if self.relation[n].mixed] + [r.name for r in loose if r.mixed]:
                     for _ in range(f):
                         docs.append((f"{s} {self.templates(name)[0]} {self.answer(s, name)} .", (name,)))
             for r in loose:
