@@ -16,9 +16,10 @@ Each :class:`Variant` changes one factor of the shipped recipe:
 - **model and training** (:class:`~interp.world.TrainConfig`): width, depth, pretraining steps
   (the recipe's full steps: the shipped checkpoint, measured without retraining when the world
   is the shipped one);
-- **fine-tuning** (:class:`~interp.study.StudyConfig`, on the baseline checkpoint, no
-  pretraining): whether the embedding tables train, the fine-tuning learning rate, the budget of
-  fine-tuning subjects, LoRA instead of full fine-tuning.
+- **fine-tuning** (:class:`~interp.study.StudyConfig`, no pretraining: on the full recipe's
+  checkpoint when it is shipped, to compare with the recipe's own row, else on the baseline's):
+  whether the embedding tables train, the fine-tuning learning rate, the budget of fine-tuning
+  subjects, LoRA instead of full fine-tuning.
 
 Every world variant is pretrained with the same number of steps (``steps``, fewer than the
 shipped checkpoint's by default, so that the table is affordable; the baseline row is trained
@@ -81,14 +82,14 @@ def default_variants(spec: Optional[WorldSpec] = None) -> list[Variant]:
     spec = spec or default_spec()
     qa = spec.qa_fraction
     base = TrainConfig()
-    return [  # cheapest first: fine-tuning-only rows reuse the baseline's checkpoint
+    return [  # cheapest first
         Variant("baseline", "the shipped recipe"),
+        Variant(f"{base.steps} steps", "pretraining steps", train={"steps": "recipe"}),
         Variant("embeddings fine-tuned", "which parameters fine-tune (embeddings, and the read-out tied to them)",
                 finetune={"freeze_embeddings": False}),
         Variant("fine-tune lr x0.3", "fine-tuning learning rate", finetune={"lr": FinetuneConfig.lr * 0.3}),
         Variant("budget 40-120", "fine-tuning subjects", study={"finetune_budget": (40, 120)}),
         Variant("LoRA", "LoRA instead of full fine-tuning", study={"methods": ("lora",)}),
-        Variant(f"{base.steps} steps", "pretraining steps", train={"steps": "recipe"}),
         Variant("no mixed training" if qa else "mixed training", "question-form statements in pretraining",
                 world={"qa_fraction": 0.0 if qa else 0.5}),
         Variant("no augmentation", "augmentation and paraphrase", world={"augment": False}),
@@ -171,9 +172,11 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
         if not done.exists() and only is not None and v.name != "baseline" and v.name not in only:
             continue
         if not done.exists():
-            ckpt = folder / "world" if v.pretrains else out / "variants" / "baseline" / "world"
+            # fine-tuning-only rows fine-tune the full recipe's model when it is shipped, else the baseline's
+            recipe = shipped_checkpoint(spec, train)
+            ckpt = folder / "world" if v.pretrains else recipe or out / "variants" / "baseline" / "world"
             minutes = None
-            shipped = shipped_checkpoint(s, t) if v.pretrains else None
+            shipped = shipped_checkpoint(s, t) if v.pretrains else recipe
             if shipped is not None:  # this world with this recipe is shipped: measure it, do not retrain
                 ckpt = shipped
             elif not (ckpt / "model.safetensors").exists():
@@ -190,7 +193,8 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
             gen, read = rel[f"generalization_kappa_{m}"], rel["readability_best_kappa"]
             pearson = result.summary.get("headline", {}).get("pearson", {})
             kind = "shipped" if shipped is not None else "own" if v.pretrains or v.name == "baseline" else "baseline's"
-            row = {"variant": v.name, "factor": v.factor, "checkpoint": kind, "steps": t.steps,
+            steps_used = t.steps if v.pretrains or v.name == "baseline" or recipe is None else train.steps
+            row = {"variant": v.name, "factor": v.factor, "checkpoint": kind, "steps": steps_used,
                    "pretrain_minutes": minutes, "recall": float(rec.mean()),
                    "readability": float(read.mean()), "readability_min": float(read.min()), "readability_max": float(read.max()),
                    "generalization": float(gen.mean()), "generalization_max": float(gen.max()),

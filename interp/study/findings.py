@@ -155,8 +155,10 @@ def ablation_section(folder: Path) -> str:
            f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; world variants "
            f"are pretrained for {plan['steps']} steps (the baseline row too, so rows compare like with like; the shipped "
            "checkpoint has more), and every row is measured with a reduced study (one label assignment, one seed, full "
-           "fine-tuning unless the row says otherwise). Readability and generalization are mean kappas over relations; "
-           "`r` is the study's headline correlation of the two across relations.", "",
+           "fine-tuning unless the row says otherwise). Rows that change only the fine-tuning need no pretraining: they "
+           "fine-tune the recipe's own model (`checkpoint` = shipped) and compare with its row. Readability and "
+           "generalization are mean kappas over relations; `r` is the study's headline correlation of the two across "
+           "relations.", "",
            _table(df[[c for c in cols if c in df]]), ""]
     return "\n".join(out)
 
