@@ -149,7 +149,7 @@ def ablation_section(folder: Path) -> str:
     """One row per variant of the world model's recipe, from ``interp world ablate``'s tables."""
     df = pd.read_csv(folder / "ablation.csv")
     plan = json.loads((folder / "ablation_plan.json").read_text())
-    cols = ["variant", "factor", "recall", "readability", "generalization", "generalization_max", "relations_ge_0.5",
+    cols = ["variant", "factor", "checkpoint", "steps", "recall", "readability", "generalization", "generalization_max", "relations_ge_0.5",
             "relations_le_0.05", "r", "pretrain_minutes"]
     out = ["## What makes knowledge active: the ablation", "",
            f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; world variants "

@@ -158,7 +158,7 @@ _RARE = dict(templates=2, mentions=1, augment=False, bio=False)  # seen once per
 def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
     """The embedded world model's world (v3).
 
-    Nine relations are written in augmented biographies (three per subject on average), three
+    Nine relations are written in augmented biographies (four per subject on average), three
     more are derived from augmented ones (continent from country from city, industry from
     employer, league from team), the rest are written in fixed-order biographies, as one fixed
     statement, or rarely. Half the subjects also get their biography facts as question-form
