@@ -165,6 +165,8 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
             raise ValueError(f"{out} holds an ablation with other {', '.join(diffs)}; use a new folder (or delete this one)")
     out.mkdir(parents=True, exist_ok=True)
     write_json(plan, path)
+    # fine-tuning-only rows fine-tune the full recipe's model when it is shipped, else the baseline's
+    recipe = shipped_checkpoint(spec, train)
     rows, per_relation = [], []
     for v, s, t in tqdm(plans, desc="variants", disable=None if progress is None else not progress):
         folder = out / "variants" / _slug(v.name)
@@ -172,8 +174,6 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
         if not done.exists() and only is not None and v.name != "baseline" and v.name not in only:
             continue
         if not done.exists():
-            # fine-tuning-only rows fine-tune the full recipe's model when it is shipped, else the baseline's
-            recipe = shipped_checkpoint(spec, train)
             ckpt = folder / "world" if v.pretrains else recipe or out / "variants" / "baseline" / "world"
             minutes = None
             shipped = shipped_checkpoint(s, t) if v.pretrains else recipe
