@@ -27,7 +27,7 @@ def make_model(root: Path) -> Path:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from interp.world.tokenizer import build_tokenizer
+    from lab.world.tokenizer import build_tokenizer
 
     path = root / "gpt2-6l"
     if (path / "config.json").exists():

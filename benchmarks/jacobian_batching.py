@@ -29,8 +29,8 @@ def main() -> None:
     import torch
 
     import interp
-    from interp.relations import from_world
-    from interp.world import load_world
+    from lab.world import from_world
+    from lab.world import load_world
     from jacobians import jacobian
     from jacobians.jacobian import _positions, forward_with_input
 

@@ -46,9 +46,9 @@ def main() -> None:
     from circuits import ActivationPatching, AttributionPatching, PathPatching
     from circuits.components import parse_receivers
     from circuits.metrics import as_metric
-    from circuits.relation import relation_pairs
-    from interp.relations import from_world
-    from interp.world import load_world
+    from lab.experiments.relation_circuit import relation_pairs
+    from lab.world import from_world
+    from lab.world import load_world
     from naive_patching import naive_path_patch
 
     torch.set_num_threads(2)

@@ -33,8 +33,8 @@ def study_throughput(root: Path) -> list[tuple[str, float, int]]:
     import pandas as pd
     import ray
 
-    from interp.executors import RayExecutor, SerialExecutor
-    from interp.study import FinetuneConfig, StudyConfig, run_study
+    from lab.executors import RayExecutor, SerialExecutor
+    from lab.study import FinetuneConfig, StudyConfig, run_study
 
     config = StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0, 1), finetune_seeds=(0,), other_categories=(),
                          folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=60, check_every=60))

@@ -9,7 +9,7 @@ configured once, and returns tidy DataFrames from ``run`` / ``nodes`` / ``edges`
     >>> PathPatching(model, "logit_diff", receivers=["L1H2.k", "logits"]).run(pairs)
     >>> AttributionPatching(model, "logit_diff", ig_steps=5).edges(pairs)
 
-:mod:`circuits.induction` ships a model with a known circuit (induction heads) to check them on.
+:mod:`lab.experiments.induction` ships a model with a known circuit (induction heads) to check them on.
 """
 from .activation_patching import PATCHABLE, ActivationPatching
 from .attribution import AttributionPatching

@@ -29,7 +29,19 @@ from tqdm.auto import tqdm
 
 from .metrics import as_metric
 from .pairs import Pairs
-from .runs import HEAD_KINDS, SITE_KINDS, batch_of, blocks, cache, chunk_size, metric_of, prepare, resolve_direction, site, tile_batch
+from .runs import (
+    HEAD_KINDS,
+    SITE_KINDS,
+    batch_of,
+    blocks,
+    cache,
+    chunk_size,
+    metric_of,
+    prepare,
+    resolve_direction,
+    site,
+    tile_batch,
+)
 
 PATCHABLE = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v")
 

@@ -34,6 +34,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from interp.sites import parse_site
+
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
@@ -271,7 +273,6 @@ def _node_row(node: Node, position, score: float) -> dict:
 
 
 def _order(name: str):
-    from interp.sites import parse_site
 
     return parse_site(name).order
 

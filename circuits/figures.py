@@ -8,33 +8,12 @@ figure for a paper can be restyled without rerunning anything:
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import pandas as pd
-
 from interp.plots import export
-from interp.store import atomic_write_bytes
+from interp.results import load_table
 
 from .plots import circuit_graph, head_heatmap, position_heatmap
-
-
-def save_table(df: pd.DataFrame, folder: str | Path, name: str) -> Path:
-    """``name.csv`` plus its attributes as ``name.json``, each written atomically."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(folder / f"{name}.csv", df.to_csv(index=False).encode())
-    atomic_write_bytes(folder / f"{name}.json", json.dumps(df.attrs, indent=1, default=str).encode())
-    return folder / f"{name}.csv"
-
-
-def load_table(folder: str | Path, name: str) -> pd.DataFrame:
-    folder = Path(folder)
-    df = pd.read_csv(folder / f"{name}.csv")
-    meta = folder / f"{name}.json"
-    if meta.exists():
-        df.attrs.update(json.loads(meta.read_text()))
-    return df
 
 
 def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> list[Path]:

@@ -5,7 +5,8 @@
 >>> acts = interp.capture(model, ["Vorn Kallit lives in"], sites=model.sites[:3])
 """
 from .capture import Activations, capture
-from .models import Model, ModelNotFoundError, load_model
+from .backends import BACKENDS, DEFAULT_BACKEND
+from .models import Model, ModelNotFoundError, load_model, register_model, registered_models
 from .prompts import Prompt
 from .sites import UnknownSiteError
 from .store import ActivationStore
@@ -14,6 +15,10 @@ from .tokens import PositionError, SubjectNotFoundError
 __version__ = "0.1.0"
 
 __all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "register_model",
+    "registered_models",
     "Activations",
     "ActivationStore",
     "Model",

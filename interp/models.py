@@ -2,10 +2,9 @@
 
 ``load_model(spec, backend=...)`` accepts
 
-- ``"world"``: the embedded default, a small LM the project pretrains on a synthetic world
-  (see :mod:`interp.world`), shipped inside the package;
-- ``"induction"``: a two-layer attention-only model with induction heads (see
-  :mod:`circuits.induction`), shipped for the circuit tools;
+- a registered name (:func:`register_model`): the application registers ``"world"``, the
+  embedded default (a small LM the project pretrains on a synthetic world, :mod:`lab.world`),
+  and ``"induction"``, a two-layer model with induction heads for the circuit tools;
 - a local HuggingFace directory (``config.json`` + weights + tokenizer);
 - a hub name (``"gpt2"``, ``"EleutherAI/pythia-70m"``) whose weights are in the local
   HuggingFace cache (or downloadable, on a machine with hub access);
@@ -20,18 +19,21 @@ analyzer uses.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
+from jaxtyping import Float
 
-from .backends import BACKENDS, Backend, HookFn, backend_class
+from .backends import BACKENDS, DEFAULT_BACKEND, Backend, HookFn, backend_class
 from .prompts import as_prompts
+from .scoring import candidate_logprobs
 from .sites import validate_sites
 from .tokens import Batch, Encoded, encode, pad
+from .trainable import LoraSpec
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -96,6 +98,11 @@ class Model:
         return 0
 
     @property
+    def model_type(self) -> Optional[str]:
+        """The HuggingFace ``model_type`` (``"gpt2"``, ``"llama"``, ``"bert"``...), when there is one."""
+        return self.backend.model_type
+
+    @property
     def hf_model(self) -> Optional[torch.nn.Module]:
         """The underlying HuggingFace model (both backends run one), e.g. to fine-tune a copy."""
         return self.backend.hf_model
@@ -136,6 +143,46 @@ class Model:
             batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev), hooks
         )
 
+    def forward(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos vocab"]:
+        """Logits of a forward pass without hooks, differentiable (fine-tuning trains through it).
+        ``inputs``: prompts, or a :class:`~interp.tokens.Batch`."""
+        batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
+        dev = self.device
+        return self.backend.forward(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev))
+
+    def logprobs(self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+                 ) -> Float[torch.Tensor, "prompt candidate"]:
+        """Log-probability of each candidate continuing each prompt, as a whole token sequence
+        (see :mod:`interp.scoring`)."""
+        return candidate_logprobs(self, prompts, candidates, batch_size)
+
+    @torch.no_grad()
+    def token_logprobs(self, text: str) -> Float[torch.Tensor, "n_tokens_minus_1"]:
+        """``log p(token_i | tokens before it)`` for every token of ``text`` after its first."""
+        ids = self.tokenizer(text)["input_ids"]
+        if len(ids) < 2:
+            return torch.zeros(0)
+        logits = self.forward(pad([Encoded(ids, [])], self.pad_token_id))[0].float()
+        return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:], device=logits.device)[:, None])[:, 0].cpu()
+
+    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "Model":
+        """A handle on a deep copy of the weights that trains: in full (embedding tables frozen if
+        asked) or through LoRA adapters (``lora=LoraSpec(r, alpha)``); see :mod:`interp.trainable`.
+        The original model is never modified."""
+        copy_ = Model(self.backend.trainable_copy(lora, freeze_embeddings), self.tokenizer, self.name)
+        copy_.source = None
+        return copy_
+
+    def train(self, mode: bool = True) -> "Model":
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "Model":
+        return self.train(False)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
     def read(self, inputs, sites, padding_side: Optional[str] = None) -> dict[str, torch.Tensor]:
         """Full activations ``[batch, pos, ...]`` at ``sites`` for one padded batch of prompts."""
         sites = self.check_sites(sites)
@@ -174,7 +221,7 @@ class Model:
 # loading ---------------------------------------------------------------------------------------
 def load_model(
     spec: Any,
-    backend: str = "transformer_lens",
+    backend: str = DEFAULT_BACKEND,
     *,
     tokenizer=None,
     device: Optional[str | torch.device] = None,
@@ -182,81 +229,74 @@ def load_model(
     name: Optional[str] = None,
     remote: bool = False,
 ) -> Model:
-    """Load a model behind ``backend`` (``"transformer_lens"`` or ``"nnsight"``); see module doc.
+    """Load a model behind ``backend`` (``"nnsight"``, the default, or ``"transformer_lens"``);
+    see the module docstring for what ``spec`` may be. Each backend says which in-memory objects
+    it accepts; names and directories are resolved here and read by the backend.
 
     ``remote=True`` (nnsight only): ``spec`` is a hub name of a model NDIF hosts; only its
     config and tokenizer are loaded here (weights stay on the meta device) and every forward pass
     (capture, patching, ...) runs remotely (set your key with ``nnsight.CONFIG.set_default_api_key``).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    cls = backend_class(backend)
     if remote:
-        return _load_remote(spec, backend, tokenizer, name)
+        if backend != "nnsight":
+            raise ValueError("remote=True needs backend='nnsight' (NDIF runs nnsight traces)")
+        loaded, tok = cls.load_remote(spec, tokenizer)
+        model = Model(loaded, tok, name or spec)
+        model.source = spec
+        return model
     if isinstance(spec, Model):
         if spec.backend_name == backend:
             return spec
-        hf = getattr(spec.backend, "hf_model", None)
+        hf = spec.hf_model
         if hf is None:
             raise ValueError(f"this {spec.backend_name} model has no HuggingFace module to re-wrap")
         return load_model(hf, backend, tokenizer=tokenizer or spec.tokenizer, device=device, dtype=dtype, name=name or spec.name)
-
-    from transformer_lens.model_bridge import TransformerBridge
-
-    if isinstance(spec, TransformerBridge):
-        tok = tokenizer or spec.tokenizer
-        if backend == "transformer_lens":
-            return _finish(backend_class(backend)(spec), tok, name or "bridge", device, dtype)
-        return load_model(spec.original_model, backend, tokenizer=tok, device=device, dtype=dtype, name=name)
-
-    if _is_config(spec):
-        if backend != "transformer_lens":
-            raise ValueError(
-                "a TransformerBridgeConfig builds a TransformerLens-native model, which only the "
-                "transformer_lens backend can run; pass backend='transformer_lens', or build a "
-                "HuggingFace model (e.g. GPT2LMHeadModel(config)) for nnsight"
-            )
-        if tokenizer is None:
-            raise ValueError("a model built from a config needs a tokenizer: load_model(config, tokenizer=...)")
-        bridge = TransformerBridge.boot_native(spec, tokenizer=_tl_tokenizer(tokenizer), device=device, dtype=dtype)
-        return _finish(backend_class(backend)(bridge), tokenizer, name or "native", None, None)
-
-    if isinstance(spec, torch.nn.Module):
-        if tokenizer is None:
-            raise ValueError(f"a model passed as a module needs its tokenizer: load_model(module, tokenizer=...)")
-        if backend == "transformer_lens":
-            bridge = TransformerBridge.boot_transformers(
-                getattr(spec.config, "_name_or_path", "") or "in-memory",
-                hf_model=spec,
-                tokenizer=_tl_tokenizer(tokenizer),
-                device=device,
-            )
-            return _finish(backend_class(backend)(bridge), tokenizer, name or _name_of(spec), device, dtype)
-        return _finish(backend_class(backend)(spec), tokenizer, name or _name_of(spec), device, dtype)
-
     if isinstance(spec, (str, os.PathLike)):
         path = resolve_path(spec)
-        model = _load_directory(path, backend, tokenizer, device, dtype, name or str(spec))
+        loaded, tok = cls.load_directory(path, tokenizer, device, dtype)
+        model = Model(loaded, tok, name or str(spec))
         model.source = str(path)
         return model
+    if cls.accepts(spec):
+        loaded, tok, default_name = cls.load(spec, tokenizer, device, dtype)
+        return Model(loaded, tok, name or default_name)
+    others = [b for b in BACKENDS if b != backend and backend_class(b).accepts(spec)]
+    hint = f"; the {others[0]} backend accepts it (backend={others[0]!r})" if others else ""
+    raise TypeError(f"the {backend} backend cannot load a {type(spec).__name__}{hint}. Pass a registered name "
+                    f"({', '.join(registered_models()) or 'none'}), a local directory, a hub name, or "
+                    f"{cls.accepts_description}")
 
-    raise TypeError(
-        f"cannot load a model from {type(spec).__name__}; pass 'world', a local directory, a hub "
-        "name, a TransformerBridge, a HuggingFace model (with tokenizer=) or a TransformerBridgeConfig"
-    )
+
+#: model names -> a function returning the model's local directory. The foundation knows no
+#: names of its own: the application registers its built-in models ("world", "induction") through
+#: the ``interp.models`` entry-point group, and users add theirs with :func:`register_model`.
+_REGISTRY: dict[str, Callable[[], Path]] = {}
+
+
+def register_model(name: str, resolver: Callable[[], str | os.PathLike]) -> None:
+    """Make ``load_model(name)`` load the directory ``resolver()`` returns."""
+    _REGISTRY[name] = lambda: Path(resolver())
+
+
+def registered_models() -> list[str]:
+    """Every name :func:`register_model` or an installed ``interp.models`` entry point provides."""
+    return sorted(set(_REGISTRY) | {ep.name for ep in entry_points(group="interp.models")})
+
+
+def _registered(name: str) -> Optional[Callable[[], Path]]:
+    if name not in _REGISTRY:
+        for ep in entry_points(group="interp.models"):
+            if ep.name == name:
+                register_model(name, ep.load())
+    return _REGISTRY.get(name)
 
 
 def resolve_path(spec: str | os.PathLike) -> Path:
-    """A local directory for ``spec``: ``"world"``, an existing path, or a cached hub snapshot."""
-    if str(spec) == "world":
-        from .world.checkpoint import default_checkpoint_dir
-
-        return default_checkpoint_dir()
-    if str(spec) == "induction":
-        path = Path(__file__).resolve().parent / "checkpoints" / "induction"
-        if not (path / "config.json").exists():
-            raise ModelNotFoundError(f"the induction-head model is missing from {path}; rebuild it with "
-                                     "`interp circuits train-induction --out interp/checkpoints/induction`")
-        return path
+    """A local directory for ``spec``: a registered name, an existing path, or a cached hub snapshot."""
+    resolver = _registered(str(spec))
+    if resolver is not None:
+        return resolver()
     path = Path(spec).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
@@ -281,82 +321,3 @@ def resolve_path(spec: str | os.PathLike) -> Path:
         f"`hf download {spec} --local-dir ./{Path(str(spec)).name}`, copy that folder here and pass "
         f"its path: load_model('./{Path(str(spec)).name}')."
     )
-
-
-def _load_remote(spec, backend: str, tokenizer, name: Optional[str]) -> Model:
-    """An nnsight handle whose traces run on NDIF: meta weights here, the real model there."""
-    if backend != "nnsight":
-        raise ValueError("remote=True needs backend='nnsight' (NDIF runs nnsight traces)")
-    if not isinstance(spec, str) or Path(spec).expanduser().exists():
-        raise ValueError(f"remote=True needs a hub name NDIF hosts (e.g. 'meta-llama/Llama-3.1-70B'), got {spec!r}")
-    from nnsight import TransformersModel
-    from transformers import AutoConfig, AutoTokenizer
-
-    tok = tokenizer or AutoTokenizer.from_pretrained(spec)
-    config = AutoConfig.from_pretrained(spec)
-    task = "text-generation" if _is_causal(config) else None
-    envoy = TransformersModel(spec, task=task, tokenizer=tok) if task else TransformersModel(spec, tokenizer=tok)
-    model = Model(backend_class(backend)(envoy._module, envoy=envoy, remote=True), tok, name or spec)
-    model.source = spec
-    return model
-
-
-def _load_directory(path: Path, backend: str, tokenizer, device, dtype, name: str) -> Model:
-    import transformers
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-    config = AutoConfig.from_pretrained(path)
-    tok = tokenizer or AutoTokenizer.from_pretrained(path)
-    if backend == "transformer_lens":
-        from transformer_lens.model_bridge import TransformerBridge
-
-        kwargs = {"device": device} if device is not None else {}
-        bridge = TransformerBridge.boot_transformers(str(path), dtype=dtype or torch.float32, **kwargs)
-        return Model(backend_class(backend)(bridge.eval()), tok, name)
-    cls = None
-    for arch in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, arch, None)
-        if cls is not None:
-            break
-    if cls is None:
-        cls = AutoModelForCausalLM if _is_causal(config) else AutoModel
-    hf = cls.from_pretrained(path, attn_implementation="eager", dtype=dtype or torch.float32)
-    return _finish(backend_class(backend)(hf), tok, name, device, None)
-
-
-def _finish(backend: Backend, tokenizer, name: str, device, dtype) -> Model:
-    module = backend.module
-    if device is not None:
-        module.to(device)
-    if dtype is not None:
-        module.to(dtype)
-    module.eval()
-    return Model(backend, tokenizer, name)
-
-
-def _is_causal(config) -> bool:
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
-
-
-def _is_config(spec) -> bool:
-    if isinstance(spec, dict):
-        return True
-    try:
-        from transformer_lens.config import TransformerBridgeConfig
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(spec, TransformerBridgeConfig)
-
-
-def _tl_tokenizer(tokenizer):
-    """A shallow copy TransformerBridge accepts for an in-memory tokenizer (it reads
-    ``init_kwargs['name_or_path']`` to rebuild one with a BOS token; we tokenize ourselves)."""
-    tok = copy.copy(tokenizer)
-    tok.init_kwargs = dict(tokenizer.init_kwargs, name_or_path=tokenizer.name_or_path or "", add_bos_token=True)
-    return tok
-
-
-def _name_of(module) -> str:
-    return getattr(getattr(module, "config", None), "_name_or_path", "") or type(module).__name__

@@ -1,6 +1,6 @@
 """Relations: (subject, answer) facts plus the prompt that asks for the answer.
 
-One type serves every source: the synthetic world (:func:`from_world`), the LRE JSON format of
+One type serves every source: the synthetic world (:func:`lab.world.from_world`), the LRE JSON format of
 Hernandez et al. 2024 (:func:`load_lre`: ``{name, prompt_templates, samples: [{subject, object}],
 properties}``), and the project's own JSON format (:meth:`Relation.save` / :func:`load_relations`:
 ``{name, template, samples: [{subject, answer}], properties}``), where ``template`` contains
@@ -127,15 +127,3 @@ def load_relations(paths: str | Path | Iterable[str | Path]) -> list[Relation]:
 
 
 load_lre = load_relations
-
-
-def from_world(world, relations: Optional[Iterable[str]] = None) -> list[Relation]:
-    """The world's relations, prompted exactly as the world's corpus writes each fact."""
-    out = []
-    for name in relations or [r.name for r in world.spec.relations]:
-        q = world.queries(name)
-        r = world.relation[name]
-        out.append(Relation(name, list(q.subject), list(q.answer), "{} " + world.templates(name)[0], list(q.prompt),
-                            {"source": "world", "n_answers": r.n_answers, "templates": r.templates,
-                             "mentions": r.mentions, "augment": r.augment, "bio": r.bio, "derived_from": r.derived_from}))
-    return out

@@ -1,6 +1,7 @@
 """Scoring candidate answers: which of a fixed set of continuations does a model prefer?
 
-``candidate_logprobs(model, tokenizer, prompts, candidates)`` returns ``[n_prompts,
+``candidate_logprobs(model, prompts, candidates)`` (or ``model.logprobs(prompts, candidates)``)
+returns ``[n_prompts,
 n_candidates]`` log-probabilities of each candidate *as a whole token sequence* following the
 prompt (the sum of its tokens' log-probabilities, teacher-forced). Multi-token answers ("New
 York", "United States") are therefore scored by their full sequence, never by a first token
@@ -12,17 +13,15 @@ are those that follow the prompt's own tokens.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
+from jaxtyping import Float
 
 from .tokens import Encoded, pad
 
-
-def _lm_logits(module, batch, device):
-    out = module(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device),
-                 position_ids=batch.position_ids.to(device))
-    return out.logits if hasattr(out, "logits") else out[0]
+if TYPE_CHECKING:  # the handle calls this module; the type is only named here
+    from .models import Model
 
 
 def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[str]) -> list[list[list[int]]]:
@@ -41,10 +40,11 @@ def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[
 
 
 @torch.no_grad()
-def candidate_logprobs(module, tokenizer, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128,
-                       pad_id: int = 0) -> torch.Tensor:
-    """Log-probability of each candidate continuation of each prompt (see module docstring)."""
-    device = next(module.parameters()).device
+def candidate_logprobs(model: "Model", prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+                       ) -> Float[torch.Tensor, "prompt candidate"]:
+    """Log-probability of each candidate continuation of each prompt (see module docstring),
+    computed through the model handle's backend."""
+    tokenizer, pad_id = model.tokenizer, model.pad_token_id
     enc = [tokenizer(p)["input_ids"] for p in prompts]
     single = [tokenizer(" " + c, add_special_tokens=False)["input_ids"] for c in candidates]
     if all(len(s) == 1 for s in single) and _single_token_consistent(tokenizer, prompts[:3], candidates, single):
@@ -52,8 +52,8 @@ def candidate_logprobs(module, tokenizer, prompts: Sequence[str], candidates: Se
         rows = []
         for i in range(0, len(enc), batch_size):
             batch = _pad(enc[i : i + batch_size], pad_id, "left")
-            logp = torch.log_softmax(_lm_logits(module, batch, device)[:, -1].float(), -1)
-            rows.append(logp[:, ids.to(device)].cpu())
+            logp = torch.log_softmax(model.forward(batch)[:, -1].float(), -1)
+            rows.append(logp[:, ids.to(logp.device)].cpu())
         return torch.cat(rows)
     cand = candidate_token_ids(tokenizer, prompts, candidates)
     seqs, spans = [], []
@@ -65,7 +65,7 @@ def candidate_logprobs(module, tokenizer, prompts: Sequence[str], candidates: Se
     for i in range(0, len(seqs), batch_size):
         chunk = seqs[i : i + batch_size]
         batch = _pad(chunk, pad_id, "right")
-        logp = torch.log_softmax(_lm_logits(module, batch, device).float(), -1).cpu()
+        logp = torch.log_softmax(model.forward(batch).float(), -1).cpu()
         for r, (start, n) in enumerate(spans[i : i + batch_size]):
             tgt = torch.tensor(chunk[r][start : start + n])
             scores.append(logp[r, start - 1 : start - 1 + n].gather(1, tgt[:, None]).sum().item())

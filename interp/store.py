@@ -14,8 +14,6 @@ it (same key) continues with the first missing one. Shards are read back memory-
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -23,26 +21,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .results import atomic_path, write_json
+
 MANIFEST = "manifest.json"
 
 
 class StoreMismatchError(ValueError):
     pass
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class ActivationStore:
@@ -76,20 +61,13 @@ class ActivationStore:
 
     def write_shard(self, index: int, tensors: dict[str, torch.Tensor]) -> None:
         path = self.root / f"shard_{index:05d}.safetensors"
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_path(path) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
         self.manifest["shards"][str(index)] = {"file": path.name, "rows": self.shard_rows(index)}
         self._save_manifest()
 
     def _save_manifest(self) -> None:
-        atomic_write_bytes(self.root / MANIFEST, json.dumps(self.manifest, indent=1, sort_keys=True).encode())
+        write_json(self.manifest, self.root / MANIFEST, sort_keys=True)
 
     # layout ------------------------------------------------------------------------------------
     def _require(self) -> dict:

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from .jacobian import vjp
+from .jacobian import _check_order, batches, forward_with_input, jacobian_of, vjp
 
 Tensor = torch.Tensor
 
@@ -73,7 +73,6 @@ def centroid_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logit
 def jacobian_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
                        of_position="last", batch_size: int = 16, x: Optional[Tensor] = None) -> pd.DataFrame:
     """All alignment measures per prompt, from full per-example Jacobians."""
-    from .jacobian import _check_order, batches, forward_with_input, jacobian_of
 
     _check_order(model, wrt, of)
     frames = []

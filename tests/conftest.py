@@ -38,7 +38,7 @@ STUDY_RELATIONS = ["continent", "hand", "season", "diet"]
 
 
 def _small_study():
-    from interp.study import FinetuneConfig, StudyConfig
+    from lab.study import FinetuneConfig, StudyConfig
 
     return StudyConfig(finetune_budget=(9, 16), methods=("full", "lora"), label_seeds=(0, 1), finetune_seeds=(0,),
                        other_categories=("colours",), folds=3, n_boot=100, n_perm=100, n_null=200,
@@ -51,7 +51,7 @@ SMALL_STUDY = _small_study()
 @pytest.fixture(scope="session")
 def finished_study(tmp_path_factory):
     """A small study on the world model (4 relations, 16 fine-tunes), run once per session."""
-    from interp.study import run_study
+    from lab.study import run_study
 
     out = tmp_path_factory.mktemp("study")
     return out, run_study("world", STUDY_RELATIONS, out=out, config=SMALL_STUDY, progress=False)

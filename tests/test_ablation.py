@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from interp.study import FinetuneConfig, StudyConfig, finetune
-from interp.study.ablation import Variant, ablate, default_variants, variant_train, variant_world
-from interp.world import RelationSpec, TrainConfig, WorldSpec, default_spec
+from lab.study import FinetuneConfig, StudyConfig, finetune
+from lab.study.ablation import Variant, ablate, default_variants, variant_train, variant_world
+from lab.world import RelationSpec, TrainConfig, WorldSpec, default_spec
 
 TINY = WorldSpec(seed=5, n_subjects=60, label_sentences=1, relations=(
     RelationSpec("city", "city", 4, templates=3, mentions=2, augment=True, bio=True),
@@ -53,7 +53,7 @@ def test_ablation_table_and_resume(tmp_path):
     assert not (tmp_path / "variants" / "embeddings_fine_tuned" / "world").exists()
     cfg = json.loads((tmp_path / "variants" / "embeddings_fine_tuned" / "study" / "study.json").read_text())["config"]
     assert cfg["finetune"]["freeze_embeddings"] is False
-    from interp.study.findings import ablation_section
+    from lab.study.findings import ablation_section
 
     page = ablation_section(tmp_path)
     assert "--steps 10" in page and all(f"| {v.name} |" in page for v in variants)
@@ -98,7 +98,7 @@ def test_full_fine_tuning_leaves_embeddings_as_pretrained_by_default(model_dirs,
 def test_world_section_reads_a_saved_report(tmp_path):
     import pandas as pd
 
-    from interp.study.findings import world_section
+    from lab.study.findings import world_section
 
     df = pd.DataFrame({"relation": ["a", "b", "c"], "n_answers": [4, 10, 2], "augment": [True, False, False],
                        "recall": [0.9, 1.0, 0.95], "readability": [0.8, 0.2, 0.6], "chance": [0.25, 0.1, 0.5]})

@@ -252,14 +252,14 @@ def test_plots(model_dirs, tmp_path):
 # --- the known circuit ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def induction(request):
-    from circuits.induction import induction_pairs
+    from lab.experiments.induction import induction_pairs
 
     model = interp.load_model("induction", backend="nnsight")
     return model, induction_pairs(model, n=24)
 
 
 def test_path_patching_finds_induction_circuit(induction, backend):
-    from circuits.induction import induction_metric, induction_scores, previous_token_scores
+    from lab.experiments.induction import induction_metric, induction_scores, previous_token_scores
 
     model, pairs = induction
     if backend == "transformer_lens":
@@ -282,7 +282,7 @@ def test_attribution_tracks_activation_patching_on_induction(induction):
     """Per (head, position) cell, AtP's linear estimates follow the exact patching effects."""
     from scipy.stats import pearsonr, spearmanr
 
-    from circuits.induction import induction_metric
+    from lab.experiments.induction import induction_metric
 
     model, pairs = induction
     heads = [f"L{l}H{h}" for l in range(2) for h in range(2)]
@@ -295,7 +295,7 @@ def test_attribution_tracks_activation_patching_on_induction(induction):
 
 
 def test_induction_training_runs(tmp_path):
-    from circuits.induction import InductionConfig, train_induction_model
+    from lab.experiments.induction import InductionConfig, train_induction_model
 
     path = train_induction_model(tmp_path / "ind", InductionConfig(steps=20), progress=False)
     model = interp.load_model(path, backend="transformer_lens")
@@ -310,10 +310,10 @@ def test_induction_training_runs(tmp_path):
 @pytest.mark.slow
 def test_relation_circuit_before_and_after(tmp_path):
     from circuits.figures import load_table, save_table, write_figures
-    from circuits.relation import relation_circuit
-    from interp.relations import from_world
-    from interp.study import FinetuneConfig
-    from interp.world import load_world
+    from lab.experiments.relation_circuit import relation_circuit
+    from lab.world import from_world
+    from lab.study import FinetuneConfig
+    from lab.world import load_world
 
     model = interp.load_model("world", backend="nnsight")
     (rel,) = from_world(load_world(), ["continent"])
@@ -330,7 +330,7 @@ def test_relation_circuit_before_and_after(tmp_path):
 def test_cli_induction_and_figures(tmp_path):
     from typer.testing import CliRunner
 
-    from interp.cli import app
+    from lab.cli import app
 
     out = tmp_path / "ind"
     result = CliRunner().invoke(app, ["circuits", "induction", "--out", str(out), "--pairs", "8", "--formats", "html,png"])

@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
-from interp.executors import JobsFailedError, RayExecutor, SerialExecutor
+from lab.executors import JobsFailedError, RayExecutor, SerialExecutor
 
 RELATIONS = ["continent", "hand", "season", "diet"]
 
 
 def _config():
-    from interp.study import FinetuneConfig, StudyConfig
+    from lab.study import FinetuneConfig, StudyConfig
 
     return StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
                        folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=30, check_every=10))
@@ -42,7 +42,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def serial_study(tmp_path_factory):
-    from interp.study import run_study
+    from lab.study import run_study
 
     out = tmp_path_factory.mktemp("serial")
     run_study("world", RELATIONS, out=out, config=_config(), progress=False, executor=SerialExecutor())
@@ -51,7 +51,7 @@ def serial_study(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ray_study_equals_serial(ray_cluster, serial_study, tmp_path):
-    from interp.study import run_study
+    from lab.study import run_study
 
     result = run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False,
                        executor=RayExecutor(num_cpus=1))
@@ -61,7 +61,7 @@ def test_ray_study_equals_serial(ray_cluster, serial_study, tmp_path):
 
 @pytest.mark.slow
 def test_killed_worker_loses_nothing_and_restart_recomputes_nothing(ray_cluster, serial_study, tmp_path):
-    from interp.study import Study, run_study
+    from lab.study import Study, run_study
 
     jobs = [j.id for j in Study.jobs(_FakeStudy())]
     victim = jobs[1]

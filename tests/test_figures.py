@@ -40,7 +40,7 @@ def test_regenerate_every_figure_of_a_results_folder(tmp_path):
     from typer.testing import CliRunner
 
     from circuits.figures import save_table
-    from interp.cli import app
+    from lab.cli import app
 
     root = tmp_path / "results"
     pp = pd.DataFrame({"sender": ["L0H0", "embed"], "receiver": ["L1H0.k", "L1H1.v"], "sender_layer": [0, -1],

@@ -181,7 +181,7 @@ def test_grokking_runs_resume_and_track(tmp_path):
     from dataclasses import replace
 
     from jacobians.dynamics import from_log, track, trajectory_plot
-    from jacobians.grokking import CPU_CONFIG, grokking_experiment, load_logs, train_modular
+    from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs, train_modular
 
     cfg = replace(CPU_CONFIG, p=11, steps=40, eval_every=10, d_model=16, d_mlp=32)
     log, summary = train_modular(replace(cfg, grokalign=1e-3))
@@ -204,7 +204,7 @@ def test_grokking_runs_resume_and_track(tmp_path):
 
 
 def test_icl_subspaces_smoke():
-    from interp.icl import SubspaceTasks, evaluate_icl, task_vector_readability, train_icl
+    from lab.experiments.icl import SubspaceTasks, evaluate_icl, task_vector_readability, train_icl
 
     task = SubspaceTasks(d=6, n_subspaces=2, rank=2, n_examples=8)
     with pytest.raises(ValueError, match="do not fit"):

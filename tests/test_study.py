@@ -8,8 +8,8 @@ import torch
 from scipy import stats as sps
 
 from interp.relations import Relation, RelationError
-from interp.study import make_design, relabel, run_study, split
-from interp.study.stats import partial, pearson, spearman
+from lab.study import make_design, relabel, run_study, split
+from lab.study.stats import partial, pearson, spearman
 
 
 def _relation(counts, name="r"):
@@ -185,8 +185,8 @@ def test_a_different_study_in_the_same_folder_is_refused(finished):
 
 
 def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
-    from interp.study.causal import causal_test, without_augmentation
-    from interp.world import RelationSpec, TrainConfig, WorldSpec
+    from lab.study.causal import causal_test, without_augmentation
+    from lab.world import RelationSpec, TrainConfig, WorldSpec
 
     spec = WorldSpec(seed=5, n_subjects=60, label_sentences=1, relations=(
         RelationSpec("city", "city", 4, templates=3, mentions=2, augment=True, bio=True),
@@ -196,7 +196,7 @@ def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
     ))
     plain = without_augmentation(spec, ["city", "sport"])
     assert [r.augment for r in plain.relations] == [False] * 4 and plain.relations[2:] == spec.relations[2:]
-    from interp.world import World
+    from lab.world import World
 
     assert World.generate(plain).facts.equals(World.generate(spec).facts)  # same facts, different writing
     cfg = SMALL.__class__(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
@@ -215,8 +215,8 @@ def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
 def test_the_plain_world_rewrites_only_the_manipulated_relations():
     """Every relation not manipulated is written identically in the two worlds, document for
     document, and asked with the same queries (the causal test's untouched relations)."""
-    from interp.study.causal import without_augmentation
-    from interp.world import World, default_spec
+    from lab.study.causal import without_augmentation
+    from lab.world import World, default_spec
 
     spec = default_spec(n_subjects=150)
     manipulated = [r.name for r in spec.relations if r.augment]
@@ -230,7 +230,7 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
     assert spec.qa_fraction > 0
     assert all(wa.mentions(s, r.name) == wb.mentions(s, r.name) for s in wa.subjects for r in spec.relations)
     # a partial manipulation that would rewrite another relation's biographies is refused before any training
-    from interp.study.causal import causal_test
+    from lab.study.causal import causal_test
 
     with pytest.raises(ValueError, match="not manipulated but are written differently"):
         causal_test("/nonexistent", ["city"], spec=spec)
@@ -239,9 +239,9 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
 def test_both_worlds_of_the_default_causal_test_are_shipped():
     """`interp study causal` with the defaults pretrains nothing: the embedded world and its plain
     twin are shipped, each trained on exactly that world with exactly the default recipe."""
-    from interp.study.causal import shipped_checkpoint, without_augmentation
-    from interp.world import TrainConfig, default_spec
-    from interp.world.checkpoint import shipped_world_checkpoints
+    from lab.study.causal import shipped_checkpoint, without_augmentation
+    from lab.world import TrainConfig, default_spec
+    from lab.world.checkpoint import shipped_world_checkpoints
 
     spec = default_spec()
     plain = without_augmentation(spec, [r.name for r in spec.relations if r.augment])
@@ -258,7 +258,7 @@ def test_null_and_findings_commands_rebuild_from_saved_tables(finished, tmp_path
 
     from typer.testing import CliRunner
 
-    from interp.cli import app
+    from lab.cli import app
 
     out, _ = finished
     copy = tmp_path / "study"

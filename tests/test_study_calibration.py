@@ -6,11 +6,11 @@ import pytest
 from scipy import stats as sps
 from sklearn.metrics import cohen_kappa_score
 
-from interp.study.backmap import backmap_summary, backmap_table
-from interp.study.chance import chance_levels, kappa
-from interp.study.design import finetune_budget, per_answer
-from interp.study.null import NullDesign, calibration_table, simulate_outcomes
-from interp.study.stats import pearson, permutation_p
+from lab.study.backmap import backmap_summary, backmap_table
+from lab.study.chance import chance_levels, kappa
+from lab.study.design import finetune_budget, per_answer
+from lab.study.null import NullDesign, calibration_table, simulate_outcomes
+from lab.study.stats import pearson, permutation_p
 
 
 def test_kappa_equals_sklearn_and_is_zero_for_every_blind_guess():
@@ -100,7 +100,7 @@ def test_kappa_statistics_hold_the_nominal_rate_and_raw_r_does_not():
 
 
 def test_monte_carlo_p_of_an_observed_statistic():
-    from interp.study.null import monte_carlo_p
+    from lab.study.null import monte_carlo_p
 
     sims = np.linspace(-1, 1, 199)
     assert monte_carlo_p(sims, 0.0) == pytest.approx(200 / 200)
@@ -138,7 +138,7 @@ def test_backmap_against_a_uniformly_random_wrong_answer():
 def test_shuffled_backmap_null_keeps_popularity():
     """Errors that always map back to the most popular answer, which both lists always rank first:
     4x a uniformly random wrong answer, but exactly what the shuffled null expects."""
-    from interp.study.study import shuffled_backmap_rates
+    from lab.study.study import shuffled_backmap_rates
 
     lists = [("probe", f"t{i % 5}", "pop", ["pop", "x", "y"]) for i in range(200)]
     assert shuffled_backmap_rates(lists)["probe_shuffled_rate"] == pytest.approx(1.0)

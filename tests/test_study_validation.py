@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from interp.relations import Relation, RelationError, load_relations
-from interp.study import FinetuneConfig, Study, StudyConfig, StudyConfigError, run_study
+from lab.study import FinetuneConfig, Study, StudyConfig, StudyConfigError, run_study
 
 RELATIONS = ["continent", "hand", "season", "diet"]
 CFG = StudyConfig(finetune_budget=(9, 16), methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
@@ -123,7 +123,7 @@ def test_prompt_tokens_the_model_never_saw_are_warned_about(tmp_path, model_dirs
         notes = study.validate()
     assert any(n.startswith("template") for n in notes)
     # the world model's corpus uses the template's words in unrelated sentences: nothing to warn about
-    from interp.world import load_world
+    from lab.world import load_world
 
     words = {w for doc in load_world().corpus() for w in doc.split()}
     assert set("is associated with the word".split()) <= words

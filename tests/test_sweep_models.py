@@ -2,8 +2,9 @@
 import pytest
 
 import interp
-from interp.relations import from_world, load_relations, lre_dir
-from interp.world import load_world
+from interp.relations import load_relations, lre_dir
+from lab.world import from_world
+from lab.world import load_world
 from probes import ProbeSweep, plots
 
 

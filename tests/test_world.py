@@ -5,11 +5,11 @@ import pytest
 import torch
 
 import interp
-from interp.world import (
+from lab.world import (
     RelationSpec, TrainConfig, World, WorldSpec, WorldSpecError, build_tokenizer, default_spec, load_world,
     train_world_model,
 )
-from interp.world.report import recall
+from lab.world.report import recall
 
 SMALL = WorldSpec(
     seed=3, n_subjects=60,
@@ -113,7 +113,7 @@ def test_shared_subject_tokens_give_no_subject_a_token_of_its_own():
 def test_template_words_can_be_left_out_of_pretraining():
     from dataclasses import replace
 
-    from interp.world.world import STUDY_TEMPLATES
+    from lab.world.world import STUDY_TEMPLATES
 
     with_words = " ".join(World.generate(SMALL).corpus())
     without = " ".join(World.generate(replace(SMALL, template_words=False)).corpus())
@@ -177,7 +177,7 @@ def test_twenty_step_training_run(tmp_path, backend):
 def test_packing_rows(pack):
     import random
 
-    from interp.world.train import _rows
+    from lab.world.train import _rows
 
     docs = [[10 + d] * n for d, n in enumerate([5, 30, 12, 7, 63, 3, 20, 9] * 4)]
     rows = _rows(docs, eos=2, pad=0, seq_len=16 if pack == "stream" else 64, pack=pack, rng=random.Random(1))

@@ -16,6 +16,9 @@ from typing import Callable, ClassVar, Mapping, Optional
 import torch
 from jaxtyping import Float, Int
 
+from ..architectures import architecture_for
+from ..trainable import LoraSpec
+
 Tensor = torch.Tensor
 HookFn = Callable[[Tensor], Optional[Tensor]]
 
@@ -30,6 +33,25 @@ class Backend(ABC):
     d_head: int
     #: the standard site names (see :mod:`interp.sites`) this model provides, in execution order
     sites: list[str]
+
+    # loading: each backend says which specs it accepts ------------------------------------------
+    #: the kinds of in-memory object :meth:`load` accepts, in words (for error messages)
+    accepts_description: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def accepts(cls, spec) -> bool:
+        """Whether :meth:`load` can build this backend from the in-memory object ``spec``."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, spec, tokenizer=None, device=None, dtype=None) -> tuple["Backend", object, str]:
+        """``(backend, tokenizer, default name)`` for an in-memory object :meth:`accepts`."""
+
+    @classmethod
+    @abstractmethod
+    def load_directory(cls, path, tokenizer=None, device=None, dtype=None) -> tuple["Backend", object]:
+        """``(backend, tokenizer)`` for a local HuggingFace model directory."""
 
     @property
     @abstractmethod
@@ -52,6 +74,25 @@ class Backend(ABC):
         """Forward pass with ``hooks`` attached; returns the logits (or, for a model with no
         head, the last hidden states)."""
 
+    def forward(
+        self,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
+        position_ids: Optional[Int[Tensor, "batch pos"]] = None,
+    ) -> Float[Tensor, "batch pos vocab"]:
+        """The forward pass without hooks, differentiable (training runs through it)."""
+        return self.run(input_ids, attention_mask, position_ids, None)
+
+    @abstractmethod
+    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "Backend":
+        """A backend of the same kind over a deep copy of the weights, trainable in full (the
+        embedding tables frozen if asked) or through LoRA adapters (see :mod:`interp.trainable`)."""
+
+    @property
+    def model_type(self) -> Optional[str]:
+        """The HuggingFace ``model_type`` (``"gpt2"``, ``"llama"``, ...), when there is one."""
+        return getattr(getattr(self.hf_model, "config", None), "model_type", None)
+
     @property
     def hf_model(self) -> Optional[torch.nn.Module]:
         """The HuggingFace model holding the weights, when there is one."""
@@ -66,7 +107,6 @@ class Backend(ABC):
     def head_output_weights(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """``W_O`` of every head at ``layer``, read off the module that consumes ``z`` (GPT-2's
         ``c_proj``, Llama's ``o_proj``, ...) by applying it to the identity (Linear or Conv1D)."""
-        from ..architectures import architecture_for
 
         hf = self._require_hf("head_output_weights")
         prefix = getattr(hf, "base_model_prefix", "")

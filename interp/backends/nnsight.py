@@ -6,29 +6,61 @@ fused q/k/v) share one read and one write.
 """
 from __future__ import annotations
 
+import copy
+import warnings
+from pathlib import Path
 from typing import Mapping, Optional
 
-import warnings
-
 import torch
+from nnsight import NNsight, TransformersModel
+from transformer_lens.model_bridge import TransformerBridge
+from transformers import AutoConfig
 
 from ..architectures import arch_info, architecture_for
 from ..sites import parse_site, sort_by_execution, standard_sites
+from ..trainable import LoraSpec, add_lora
+from ..trainable import freeze_embeddings as freeze_embedding_tables
 from .base import Backend, HookFn, Tensor, accepts_position_ids, logits_of
-
+from .hf import hf_from_directory, is_causal, name_of, place, tokenizer_of
 
 _SERVED = frozenset({"output", "input", "inputs", "source"})
 
 
 class NNsightBackend(Backend):
     name = "nnsight"
+    accepts_description = "a HuggingFace model (with tokenizer=), or a TransformerBridge (its HuggingFace model)"
+
+    @classmethod
+    def accepts(cls, spec) -> bool:
+        return isinstance(spec, torch.nn.Module)
+
+    @classmethod
+    def load(cls, spec, tokenizer=None, device=None, dtype=None):
+        if isinstance(spec, TransformerBridge):
+            return cls.load(spec.original_model, tokenizer or spec.tokenizer, device, dtype)
+        if tokenizer is None:
+            raise ValueError("a model passed as a module needs its tokenizer: load_model(module, tokenizer=...)")
+        return cls(place(spec, device, dtype)), tokenizer, name_of(spec)
+
+    @classmethod
+    def load_directory(cls, path, tokenizer=None, device=None, dtype=None):
+        return cls(place(hf_from_directory(path, dtype), device)), tokenizer_of(path, tokenizer)
+
+    @classmethod
+    def load_remote(cls, spec: str, tokenizer=None):
+        """A handle whose traces run on NDIF: meta weights here, the real model there."""
+        if not isinstance(spec, str) or Path(spec).expanduser().exists():
+            raise ValueError(f"remote=True needs a hub name NDIF hosts (e.g. 'meta-llama/Llama-3.1-70B'), got {spec!r}")
+        tok = tokenizer_of(spec, tokenizer)
+        config = AutoConfig.from_pretrained(spec)
+        kwargs = {"task": "text-generation"} if is_causal(config) else {}
+        envoy = TransformersModel(spec, tokenizer=tok, **kwargs)
+        return cls(envoy._module, envoy=envoy, remote=True), tok
 
     def __init__(self, hf_model: torch.nn.Module, envoy=None, remote: bool = False):
         """``envoy``: an nnsight model wrapping ``hf_model`` (default: ``NNsight(hf_model)``);
         ``remote=True`` runs every trace on NDIF (the envoy must be remotable, e.g. a
         ``nnsight.TransformersModel`` built from a hub name)."""
-        from nnsight import NNsight
-
         self._hf_model = hf_model
         self.remote = remote
         config = hf_model.config
@@ -53,6 +85,16 @@ class NNsightBackend(Backend):
     @property
     def module(self) -> torch.nn.Module:
         return self.hf_model
+
+    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "NNsightBackend":
+        if self.remote:
+            raise ValueError("a remote (NDIF) model cannot be fine-tuned here; load its weights locally")
+        hf = copy.deepcopy(self._hf_model)
+        if lora is not None:
+            add_lora(hf, lora, self.model_type)
+        elif freeze_embeddings:
+            freeze_embedding_tables(hf)
+        return NNsightBackend(hf)
 
     def _envoy_at(self, path: str):
         envoy = self.envoy
@@ -87,6 +129,8 @@ class NNsightBackend(Backend):
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None and self._pass_position_ids:
             kwargs["position_ids"] = position_ids
+        if not hooks and not self.remote:  # nothing to read or write: the plain module, no trace
+            return logits_of(self._hf_model(**kwargs))
         groups = self._groups(hooks or {})
         info = self.info
         if self.remote:

@@ -2,17 +2,53 @@
 toolkit's site names, so sites map onto hook points one to one."""
 from __future__ import annotations
 
+import copy
+import re
 from typing import Mapping, Optional
 
 import torch
+from transformer_lens.config import TransformerBridgeConfig
+from transformer_lens.model_bridge import TransformerBridge
+from transformers.pytorch_utils import Conv1D
 
 from ..architectures import bridge_hook_name
 from ..sites import standard_sites
+from ..trainable import LoraSpec, add_lora, lora_targets
+from ..trainable import freeze_embeddings as freeze_embedding_tables
 from .base import Backend, HookFn, Tensor, accepts_position_ids
+from .hf import name_of, place, tokenizer_of
+
+_LINEAR = (torch.nn.Linear, Conv1D)
 
 
 class TransformerLensBackend(Backend):
     name = "transformer_lens"
+    accepts_description = ("a TransformerBridge, a HuggingFace model (with tokenizer=), or a TransformerBridgeConfig "
+                           "or dict (a randomly initialized TransformerLens-native model, with tokenizer=)")
+
+    @classmethod
+    def accepts(cls, spec) -> bool:
+        return isinstance(spec, (TransformerBridge, TransformerBridgeConfig, dict, torch.nn.Module))
+
+    @classmethod
+    def load(cls, spec, tokenizer=None, device=None, dtype=None):
+        if isinstance(spec, TransformerBridge):
+            return cls(place(spec, device, dtype)), tokenizer or spec.tokenizer, "bridge"
+        if tokenizer is None:
+            what = "a model built from a config" if isinstance(spec, (TransformerBridgeConfig, dict)) else "a model passed as a module"
+            raise ValueError(f"{what} needs its tokenizer: load_model(..., tokenizer=...)")
+        if isinstance(spec, (TransformerBridgeConfig, dict)):
+            bridge = TransformerBridge.boot_native(spec, tokenizer=_tl_tokenizer(tokenizer), device=device, dtype=dtype)
+            return cls(bridge.eval()), tokenizer, "native"
+        bridge = TransformerBridge.boot_transformers(getattr(spec.config, "_name_or_path", "") or "in-memory", hf_model=spec,
+                                                     tokenizer=_tl_tokenizer(tokenizer), device=device)
+        return cls(place(bridge, device, dtype)), tokenizer, name_of(spec)
+
+    @classmethod
+    def load_directory(cls, path, tokenizer=None, device=None, dtype=None):
+        kwargs = {"device": device} if device is not None else {}
+        bridge = TransformerBridge.boot_transformers(str(path), dtype=dtype or torch.float32, **kwargs)
+        return cls(bridge.eval()), tokenizer_of(path, tokenizer)
 
     def __init__(self, bridge):
         self.bridge = bridge
@@ -35,6 +71,46 @@ class TransformerLensBackend(Backend):
     @property
     def hf_model(self):
         return getattr(self.bridge, "original_model", None)
+
+    @property
+    def model_type(self) -> Optional[str]:
+        return self._model_type
+
+    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "TransformerLensBackend":
+        bridge = copy.deepcopy(self.bridge)
+        if lora is not None:
+            add_lora(bridge, LoraSpec(lora.r, lora.alpha, tuple(self._lora_names(bridge, lora))), self._model_type)
+        elif freeze_embeddings:
+            freeze_embedding_tables(bridge)
+        return TransformerLensBackend(bridge)
+
+    def _lora_names(self, bridge, lora: LoraSpec) -> list[str]:
+        """The bridge's names for the layers LoRA adapts: the HuggingFace layers named by the
+        targets (``c_attn``, ``q_proj``, ...), as the bridge runs them. The bridge wraps each
+        original layer in a component whose ``_original_component`` is the layer itself; a fused
+        q/k/v layer (GPT-2's ``c_attn``) it runs as three projections ``attn.q/k/v``, which are
+        then adapted separately (three rank-r adapters where HuggingFace has one)."""
+        original = getattr(bridge, "original_model", None)
+        if original is None:
+            raise ValueError("LoRA on a TransformerLens-native model (no HuggingFace layers) is not supported; "
+                             "fine-tune it in full (lora=None)")
+        wanted = set(lora.targets or lora_targets(self._model_type))
+        layers = set()
+        for name, module in original.named_modules(remove_duplicate=False):
+            if name.split(".")[-1] in wanted:
+                layer = getattr(module, "_original_component", module)
+                if isinstance(layer, _LINEAR):
+                    layers.add(id(layer))
+        ran = _modules_run(bridge)
+        names = []
+        for name, module in bridge.named_modules():
+            if id(module) in layers and id(module) in ran:
+                names.append(name)
+            elif id(module) in ran and isinstance(module, _LINEAR) and _SPLIT_QKV.search(name):
+                names.append(name)
+        if not names:
+            raise ValueError(f"no layers named {sorted(wanted)} run in this bridge; pass LoraSpec(targets=[...])")
+        return names
 
     @torch.no_grad()
     def attention_pattern(self, input_ids, attention_mask, layer: int):
@@ -72,3 +148,28 @@ def _as_tl_hook(fn: HookFn):
         return fn(activation)
 
     return hook
+
+
+_SPLIT_QKV = re.compile(r"attn\.[qkv]\._original_component$")
+
+
+@torch.no_grad()
+def _modules_run(bridge) -> set[int]:
+    """Ids of the linear layers a forward pass of ``bridge`` calls."""
+    ran: set[int] = set()
+    handles = [m.register_forward_hook(lambda mod, i, o: ran.add(id(mod)))
+               for m in bridge.modules() if isinstance(m, _LINEAR)]
+    try:
+        bridge(torch.zeros(1, 2, dtype=torch.long, device=next(bridge.parameters()).device))
+    finally:
+        for h in handles:
+            h.remove()
+    return ran
+
+
+def _tl_tokenizer(tokenizer):
+    """A shallow copy TransformerBridge accepts for an in-memory tokenizer (it reads
+    ``init_kwargs['name_or_path']`` to rebuild one with a BOS token; we tokenize ourselves)."""
+    tok = copy.copy(tokenizer)
+    tok.init_kwargs = dict(tokenizer.init_kwargs, name_or_path=tokenizer.name_or_path or "", add_bos_token=True)
+    return tok

@@ -1,0 +1,47 @@
+"""MkDocs hook: render the notebooks of ``tutorials/`` in the site.
+
+MkDocs reads only ``docs_dir``, and the notebooks live in ``tutorials/`` at the repository root
+(the test suite executes them there). This hook adds each ``tutorials/*.ipynb`` to the site's
+files as ``tutorials/<name>.ipynb`` (before mkdocs-jupyter converts notebooks, hence the
+priority), so the nav can list them and pages can link to them.
+
+Pages under ``docs/`` link to a notebook the way GitHub resolves it, ``../tutorials/<name>.ipynb``;
+the hook rewrites such links to the notebook's place in the site, so one link works in both.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TUTORIALS = os.path.join(ROOT, "tutorials")
+LINK = re.compile(r"\]\(([^)\s#]+\.ipynb)(#[^)\s]*)?\)")
+
+
+@event_priority(100)  # before mkdocs-jupyter's on_files (priority 0) wraps the notebooks
+def on_files(files, config):
+    for name in sorted(os.listdir(TUTORIALS)):
+        if name.endswith(".ipynb"):
+            files.append(File(f"tutorials/{name}", ROOT, config["site_dir"], config["use_directory_urls"]))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    page_dir = os.path.dirname(page.file.abs_src_path)
+    page_uri_dir = posixpath.dirname(page.file.src_uri)
+
+    def rewrite(match):
+        target, anchor = match.group(1), match.group(2) or ""
+        if "://" in target:
+            return match.group(0)
+        resolved = os.path.normpath(os.path.join(page_dir, target))
+        if os.path.dirname(resolved) != TUTORIALS or not os.path.exists(resolved):
+            return match.group(0)
+        site_target = posixpath.relpath(f"tutorials/{os.path.basename(resolved)}", page_uri_dir or ".")
+        return f"]({site_target}{anchor})"
+
+    return LINK.sub(rewrite, markdown)

@@ -1,0 +1,81 @@
+"""Trainable copies of a model: full fine-tuning or LoRA, behind the same handle.
+
+``model.trainable_copy()`` returns a new :class:`~interp.models.Model` on the same backend whose
+weights are a deep copy of the original (which is never modified): every parameter trains, except
+the embedding tables when ``freeze_embeddings=True`` (token and position embeddings, and a
+read-out tied to them). ``model.trainable_copy(lora=LoraSpec(r=8, alpha=16))`` instead freezes
+every original weight and adds low-rank adapters (Hu et al. 2021, via ``peft``) to the linear
+layers :func:`lora_targets` names for the architecture. The copy runs, reads and writes sites
+like any handle, so a fine-tune is trained and evaluated through the backend, and its forward
+pass is differentiable (:meth:`~interp.models.Model.forward`).
+
+:func:`lm_loss` is the causal-LM cross-entropy HuggingFace computes from ``labels=`` (targets
+shifted by one, ``-100`` ignored, mean over targets), computed from logits so that it works on
+any backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from jaxtyping import Float, Int
+from peft import LoraConfig, inject_adapter_in_model
+
+Tensor = torch.Tensor
+
+#: linear layers LoRA adapts, per HuggingFace ``model_type`` (peft's defaults where it has them)
+LORA_TARGETS: dict[str, list[str]] = {
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "bert": ["query", "key", "value", "dense"],
+}
+for _family in ("qwen2", "qwen3", "mistral"):
+    LORA_TARGETS[_family] = LORA_TARGETS["llama"]
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Low-rank adapters: rank ``r``, scale ``alpha / r``; ``targets``: module names (default:
+    :data:`LORA_TARGETS` for the architecture)."""
+
+    r: int = 8
+    alpha: int = 16
+    targets: Optional[tuple[str, ...]] = None
+
+
+def lora_targets(model_type: Optional[str]) -> list[str]:
+    """The linear layers LoRA adapts for ``model_type`` (raises with the known ones)."""
+    if model_type not in LORA_TARGETS:
+        raise ValueError(f"no LoRA target modules known for model_type={model_type!r} (known: "
+                         f"{', '.join(sorted(LORA_TARGETS))}); pass LoraSpec(targets=[...]) or add them to "
+                         "interp.trainable.LORA_TARGETS")
+    return LORA_TARGETS[model_type]
+
+
+def add_lora(module: torch.nn.Module, spec: LoraSpec, model_type: Optional[str]) -> torch.nn.Module:
+    """Adapters injected in place into ``module`` (whose own weights are then frozen)."""
+    targets = list(spec.targets) if spec.targets else lora_targets(model_type)
+    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=targets,
+                        fan_in_fan_out=model_type == "gpt2")  # GPT-2's Conv1D stores W transposed
+    module = inject_adapter_in_model(config, module)
+    for name, p in module.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return module
+
+
+def freeze_embeddings(module: torch.nn.Module) -> None:
+    """Freeze every ``nn.Embedding`` table (and so a read-out tied to one)."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Embedding):
+            m.weight.requires_grad_(False)
+
+
+def lm_loss(logits: Float[Tensor, "batch pos vocab"], labels: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
+    """Next-token cross-entropy of ``labels`` (``-100``: not a target), averaged over targets;
+    the same computation as HuggingFace's ``ForCausalLMLoss``."""
+    labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+    logits = logits.float()
+    return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1).to(logits.device),
+                                             ignore_index=-100)

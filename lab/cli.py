@@ -1,0 +1,330 @@
+"""The ``interp`` command line.
+
+    interp study --out DIR           the generalization study on the embedded world model (main job)
+    interp study figures DIR         redraw every figure and the report of a results folder
+    interp study null DIR            null calibration: false-positive rates with no generalization
+    interp study findings            the findings page (docs/study.md) from saved tables
+    interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
+    interp figures DIR               redraw every figure of every result under DIR from saved data
+    interp demo                      capture + probe demo on the embedded world model
+    interp world train --out DIR     pretrain a world model (the embedded default's recipe)
+    interp world report [--model DIR]  recall and readability per relation
+    interp world ablate --out DIR    which ingredient makes knowledge active (one row per factor)
+    interp circuits induction --out DIR   patching analyses on the induction-head model
+    interp circuits relation NAME --out DIR  which components carry a relation, before/after fine-tuning
+    interp circuits figures DIR          redraw the figures of a circuits results folder
+    interp circuits train-induction --out DIR  retrain the induction-head model
+    interp jacobians grok --out DIR      grokking on modular addition: weight decay vs GrokAlign
+    interp study predictors DIR          LRE faithfulness and Jacobian alignment as predictors
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import transformers
+import typer
+
+import interp
+from circuits.figures import write_figures
+from interp.plots import export
+from interp.results import save_table, write_table
+from jacobians.dynamics import from_log, trajectory_plot
+from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
+from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
+from lab.experiments.relation_circuit import relation_circuit
+from lab.figures import regenerate
+from lab.study import StudyConfig, StudyConfigError, run_study
+from lab.study.ablation import ablate
+from lab.study.causal import causal_test
+from lab.study.findings import write_findings
+from lab.study.predictors import compare_predictors
+from lab.study.report import write_report
+from lab.study.summary import calibrate_folder
+from lab.world import default_spec, from_world, load_world, train_world_model
+from lab.world.report import knowledge_report, readability
+from lab.world.train import TrainConfig
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when a model is resolved (interp.models.resolve_path)
+if "TRANSFORMERS_VERBOSITY" not in os.environ:
+    transformers.logging.set_verbosity_error()
+
+app = typer.Typer(help="Activation capture, probes and generalization studies.", no_args_is_help=True)
+world_app = typer.Typer(help="Synthetic knowledge worlds and the embedded world model.", no_args_is_help=True)
+app.add_typer(world_app, name="world")
+study_app = typer.Typer(help="The generalization study (the main job).", invoke_without_command=True)
+app.add_typer(study_app, name="study")
+jacobians_app = typer.Typer(help="Jacobians, GrokAlign and linear relational embeddings.", no_args_is_help=True)
+app.add_typer(jacobians_app, name="jacobians")
+circuits_app = typer.Typer(help="Activation, path and attribution patching.", no_args_is_help=True)
+app.add_typer(circuits_app, name="circuits")
+
+
+@app.command()
+def demo(
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    out: Path = typer.Option(Path("results/demo"), help="folder for the result table"),
+):
+    """Capture the world model's subject states at every layer and probe each relation's answer."""
+    model = interp.load_model("world", backend=backend)
+    world = load_world()
+    typer.echo(f"{model}\nworld: {len(world.subjects)} subjects, {len(world.spec.relations)} relations")
+    table = readability(model, world)
+    out.mkdir(parents=True, exist_ok=True)
+    write_table(table, out / "readability.csv")
+    best = table.loc[table.groupby("relation")["accuracy"].idxmax()].sort_values("accuracy", ascending=False)
+    typer.echo("\nbest-layer probe accuracy of each relation's answer at the subject's last token:")
+    typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"\nwrote {out / 'readability.csv'}")
+
+
+@study_app.callback()
+def study(
+    ctx: typer.Context,
+    out: Path = typer.Option(Path("results/study"), help="results folder (resumed if it exists)"),
+    model: str = typer.Option("world", help="'world', a world checkpoint, or any model spec (then give --relations)"),
+    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    n_finetune: Optional[int] = typer.Option(None, help="fixed fine-tuning subjects per answer (default: a per-relation "
+                                             "budget drawn independently of the number of answers)"),
+    methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
+    quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
+    executor: str = typer.Option("serial", help="serial, or ray (a local Ray cluster, or RAY_ADDRESS's)"),
+):
+    """Run (or resume) the generalization study; writes tables, figures and report.html."""
+    if ctx.invoked_subcommand is not None:
+        return
+
+    cfg = StudyConfig(n_finetune=n_finetune, methods=tuple(methods.split(",")))
+    if quick:
+        cfg = StudyConfig(n_finetune=n_finetune, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,),
+                          other_categories=(), n_boot=500, n_perm=500, n_null=500)
+    try:
+        result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
+    except StudyConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2)
+    s = result.summary
+    nan2 = [float("nan")] * 2
+    p = s["headline"].get("pearson", {})
+    typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
+    typer.echo(f"Pearson r(readability kappa, generalization kappa) = {p.get('r', float('nan')):.3f} "
+               f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], Monte-Carlo p = {p.get('p_monte_carlo', float('nan')):.3g} "
+               f"(permutation p = {p.get('p_value', float('nan')):.3g})")
+    for k, v in s["headline"].items():
+        if isinstance(v, dict) and k != "pearson" and "r" in v:
+            typer.echo(f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  p = {v['p_value']:.3g}")
+    nc = s["null_calibration"]
+    typer.echo(f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate of the headline test "
+               f"{nc['headline_false_positive_rate']:.3f} (Monte-Carlo), {nc['headline_permutation_false_positive_rate']:.3f} "
+               f"(permutation); raw r {nc['raw_false_positive_rate']:.3f}; alpha {nc['alpha']}")
+    typer.echo(f"raw accuracies (inflated by chance levels): r = {s['raw']['pearson']['r']:.3f}")
+    typer.echo(f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings")
+    for m, b in s["backmap"].items():
+        typer.echo(f"error back-mapping ({m}): {b['n_errors']} errors, {b['n_relations']} informative relations; observed/expected "
+                   f"probe {b['probe_ratio']:.2f}, model {b['model_ratio']:.2f} (paired Wilcoxon p = {b['wilcoxon_p']:.3g})")
+    typer.echo(f"mean generalization kappa {s['generalization_kappa']}; mean train accuracy {s['train_accuracy']}")
+    typer.echo(f"report: {out / 'report.html'}")
+
+
+@study_app.command("findings")
+def study_findings(
+    study: Path = typer.Option(Path("results/study"), help="a finished study's results folder"),
+    causal: Optional[Path] = typer.Option(None, help="a finished causal test's folder (optional)"),
+    world: Optional[Path] = typer.Option(None, help="a saved `interp world report --out FILE` table (optional)"),
+    ablation: Optional[Path] = typer.Option(None, help="a finished `interp world ablate` folder (optional)"),
+    out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
+):
+    """Write the findings page (Markdown) from saved study, causal-test, world and ablation tables."""
+
+    typer.echo(f"wrote {write_findings(study, out, causal, world=world, ablation=ablation)}")
+
+
+@study_app.command("null")
+def study_null(
+    out: Path = typer.Argument(..., help="a finished study's results folder"),
+    n_sim: Optional[int] = typer.Option(None, help="simulated studies (default: the study's n_null)"),
+):
+    """Null calibration: false-positive rate of every statistic on simulated studies with no
+    generalization beyond chance (same relations, test sizes, readability, label preferences)."""
+
+    table = calibrate_folder(out, n_sim)
+    typer.echo(table[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "observed_r",
+                      "p_monte_carlo"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"wrote {out / 'null_calibration.csv'}")
+
+
+@app.command("figures")
+def figures(
+    out: Path = typer.Argument(..., help="a results folder (searched recursively)"),
+    formats: str = typer.Option("html,png,svg,pdf", help="comma-separated: html, png, svg, pdf"),
+):
+    """Redraw every figure of every result under a folder from its saved tables."""
+
+    for folder, files in regenerate(out, formats.split(",")).items():
+        typer.echo(f"{folder}: {len(files)} files")
+
+
+@study_app.command("figures")
+def study_figures(out: Path = typer.Argument(..., help="a finished study's results folder")):
+    """Regenerate every figure (HTML, PNG, SVG, PDF) and report.html from the saved tables."""
+
+    typer.echo(f"wrote {write_report(out)}")
+
+
+@study_app.command("causal")
+def study_causal(
+    out: Path = typer.Option(Path("results/causal"), help="results folder (resumed if it exists)"),
+    steps: int = typer.Option(TrainConfig.steps, help="pretraining steps for each world"),
+    relations: Optional[list[str]] = typer.Option(None, help="relations to manipulate (default: the augmented ones)"),
+    retrain: bool = typer.Option(False, help="pretrain both worlds even where a shipped checkpoint is the same world"),
+):
+    """Two worlds, augmented vs plain writing of some relations: compare readability and generalization.
+    With the defaults both worlds are shipped checkpoints (about 5 minutes on 2 cores); --retrain
+    rebuilds them (about 22 minutes each)."""
+
+    df = causal_test(out, relations or None, train=TrainConfig(steps=steps), retrain=retrain)
+    typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo((out / "causal.json").read_text())
+
+
+@world_app.command("train")
+def world_train(
+    out: Path = typer.Option(..., help="output checkpoint directory"),
+    steps: int = typer.Option(TrainConfig.steps, help="optimizer steps"),
+    seed: int = typer.Option(0, help="seed of the world and of training"),
+    subjects: int = typer.Option(1000, help="number of subjects"),
+):
+    """Generate the default world and pretrain the small LM on it (about 15 minutes on 2 cores)."""
+
+    path = train_world_model(default_spec(seed=seed, n_subjects=subjects), out, TrainConfig(steps=steps, seed=seed))
+    typer.echo(f"saved {path}")
+
+
+@world_app.command("report")
+def world_report(
+    model: Optional[Path] = typer.Option(None, help="checkpoint directory (default: the embedded model)"),
+    out: Optional[Path] = typer.Option(None, help="write the table as CSV here"),
+):
+    """Recall and best-layer readability per relation."""
+    m = interp.load_model(str(model) if model else "world", backend=interp.DEFAULT_BACKEND)
+    table = knowledge_report(m, load_world(model))
+    typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"\nmean recall {table.recall.mean():.3f}; readability from {table.readability.min():.3f} to {table.readability.max():.3f}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_table(table, out)
+
+
+@world_app.command("ablate")
+def world_ablate(
+    out: Path = typer.Option(Path("results/ablation"), help="results folder (resumed if it exists)"),
+    steps: int = typer.Option(1500, help="pretraining steps of every world variant (the baseline row too)"),
+    only: Optional[list[str]] = typer.Option(None, help="run only these variants (by name; the baseline always runs)"),
+):
+    """Which ingredient makes knowledge active? Train variants of the recipe, one factor each, and
+    measure recall, readability and generalization with a reduced study (about an hour on 2 cores
+    at the default steps)."""
+
+    df = ablate(out, steps=steps, only=only or None)
+    typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@circuits_app.command("induction")
+def circuits_induction(
+    out: Path = typer.Option(Path("results/induction"), help="results folder"),
+    model: str = typer.Option("induction", help="'induction' (shipped) or a trained induction model directory"),
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+    formats: str = typer.Option("html,png,svg,pdf", help="figure formats, comma-separated"),
+):
+    """Activation, path and attribution patching on the induction-head model, with figures."""
+    import json
+
+    summary = analyze_induction(interp.load_model(model, backend=backend), out, n_pairs=pairs)
+    write_figures(out, tuple(formats.split(",")))
+    typer.echo(json.dumps(summary, indent=1))
+    typer.echo(f"tables and figures in {out}")
+
+
+@circuits_app.command("relation")
+def circuits_relation(
+    relation: str = typer.Argument(..., help="a world relation name, e.g. 'continent'"),
+    out: Path = typer.Option(Path("results/relation_circuit"), help="results folder"),
+    method: str = typer.Option("full", help="full or lora"),
+    category: str = typer.Option("animals", help="label category for relabelling"),
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+):
+    """Components carrying a world relation's answer before and after relabelling fine-tuning."""
+    m = interp.load_model("world", backend=backend)
+    (rel,) = from_world(load_world(), [relation])
+    df = relation_circuit(m, rel, n_pairs=pairs, category=category, method=method)
+    save_table(df, out, "relation_circuit")
+    write_figures(out)
+    top = df.sort_values("normalized", ascending=False).groupby("stage").head(5)
+    typer.echo(top.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@circuits_app.command("figures")
+def circuits_figures(out: Path = typer.Argument(..., help="a circuits results folder")):
+    """Redraw every figure of a circuits results folder from its saved tables."""
+
+    for path in write_figures(out):
+        typer.echo(f"wrote {path}")
+
+
+@circuits_app.command("train-induction")
+def circuits_train_induction(
+    out: Path = typer.Option(..., help="output checkpoint directory"),
+    steps: int = typer.Option(1500, help="optimizer steps"),
+    seed: int = typer.Option(0, help="seed"),
+):
+    """Train the two-layer attention-only induction-head model (under a minute on 2 cores)."""
+
+    typer.echo(f"saved {train_induction_model(out, InductionConfig(steps=steps, seed=seed))}")
+
+
+@jacobians_app.command("grok")
+def jacobians_grok(
+    out: Path = typer.Option(Path("results/grokking"), help="results folder (finished runs are reused)"),
+    seeds: int = typer.Option(3, help="seeds per condition"),
+    lam: float = typer.Option(1e-3, help="GrokAlign lambda"),
+    p: Optional[int] = typer.Option(None, help="modulus (default: the CPU configuration's)"),
+    steps: Optional[int] = typer.Option(None, help="maximum steps per run"),
+    workers: int = typer.Option(2, help="trainings run at once (processes, one thread each)"),
+):
+    """Steps to grok modular addition with weight decay alone and with the GrokAlign regularizer."""
+    from dataclasses import replace
+
+    config = replace(CPU_CONFIG, **{k: v for k, v in {"p": p, "steps": steps}.items() if v is not None})
+    table = grokking_experiment(out, config, lam=lam, seeds=tuple(range(seeds)), workers=workers)
+    typer.echo(table.to_string(index=False))
+    by = table.groupby("condition").grok_step
+    typer.echo(f"\nmean steps to {config.target:.0%} test accuracy: " + ", ".join(
+        f"{c} {v:.0f} (grokked {by.count()[c]}/{by.size()[c]})" for c, v in by.mean().items()))
+    if by.count().get("grokalign", 0) and by.count().get("weight_decay", 0):
+        typer.echo(f"ratio weight decay / GrokAlign: {by.mean()['weight_decay'] / by.mean()['grokalign']:.2f}x")
+    logs = load_logs(out)
+    first = logs[logs.seed == logs.seed.min()]
+    for condition, part in first.groupby("condition"):
+        fig = trajectory_plot(from_log(part.drop(columns=["condition", "seed"])), title=f"modular addition, {condition}")
+        export(fig, out / "figures" / f"dynamics_{condition}", ("html", "png"))
+
+
+@study_app.command("predictors")
+def study_predictors(
+    out: Path = typer.Argument(..., help="a finished study's results folder (world model)"),
+    layer: Optional[int] = typer.Option(None, help="LRE subject layer (default: n_layers // 2 - 1)"),
+    beta: float = typer.Option(1.0, help="LRE beta"),
+):
+    """LRE faithfulness/causality and Jacobian alignment per relation, correlated with generalization."""
+    model = interp.load_model("world", backend=interp.DEFAULT_BACKEND)
+    table = compare_predictors(out, model, from_world(load_world()), layer=layer, beta=beta)
+    typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,229 @@
+"""A known circuit to check the patching tools against: induction heads.
+
+Trained on random token sequences in which a random segment ``r_1 ... r_L`` appears twice (at
+random positions, random length, so no positional shortcut exists), a two-layer attention-only
+transformer learns to predict the second copy by *induction* (Elhage et al.
+2021; Olsson et al. 2022): a **previous-token head** in layer 0 writes "the token before me was
+``a``" into each position, and an **induction head** in layer 1 uses it through its *keys*
+(K-composition) to attend from a current token ``a`` to the position after an earlier ``a``,
+copying what came next. Path patching must single out the ``L0 previous-token head -> L1
+induction head (k)`` edge; a test and the tutorial check that it does.
+
+The model is a small Llama (rotary positions, so "the previous token" is a relative offset; it
+loads through both backends like any other) whose MLPs are zero and frozen: an attention-only
+transformer. Its vocabulary is the words ``t0 ... t{V-1}``.
+
+    >>> model = interp.load_model("induction")               # the shipped checkpoint
+    >>> pairs = induction_pairs(model, n=32)                 # clean repeats; corrupted first halves
+    >>> PathPatching(model, induction_metric, receivers=["L1H0.k", ...]).run(pairs)
+
+Train your own with ``interp circuits train-induction --out DIR`` (about a minute on 2 cores).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from tqdm.auto import tqdm
+
+from circuits.activation_patching import ActivationPatching
+from circuits.attribution import AttributionPatching
+from circuits.pairs import Pairs, make_pairs
+from circuits.path_patching import PathPatching
+from interp.results import save_table
+from lab.world.tokenizer import build_tokenizer
+
+CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "induction"
+
+
+def checkpoint_dir() -> Path:
+    """The shipped induction model (registered as ``interp.load_model("induction")``)."""
+    if not (CHECKPOINT / "config.json").exists():
+        raise FileNotFoundError(f"the induction-head model is missing from {CHECKPOINT}; rebuild it with "
+                                "`interp circuits train-induction --out lab/checkpoints/induction`")
+    return CHECKPOINT
+
+
+@dataclass(frozen=True)
+class InductionConfig:
+    vocab: int = 48
+    seq_len: int = 33  # tokens per training sequence, <eos> included
+    min_repeat: int = 4  # length of the repeated segment: uniform in [min_repeat, max_repeat]
+    max_repeat: int = 12
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 2
+    steps: int = 1500
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    seed: int = 0
+    threads: int = 2
+
+
+def _tokenizer(vocab: int):
+
+    return build_tokenizer([f"t{i}" for i in range(vocab)])
+
+
+def _ids(tokenizer, vocab: int) -> torch.Tensor:
+    return torch.tensor(tokenizer.convert_tokens_to_ids([f"t{i}" for i in range(vocab)]))
+
+
+def repeated_sequences(n: int, half: int, token_ids: torch.Tensor, generator: torch.Generator, bos: int) -> torch.Tensor:
+    """``[n, 1 + 2 * half]``: ``bos``, ``half`` random tokens, the same tokens again."""
+    first = token_ids[torch.randint(len(token_ids), (n, half), generator=generator)]
+    return torch.cat([torch.full((n, 1), bos), first, first], dim=1)
+
+
+def training_batch(config: InductionConfig, token_ids: torch.Tensor, generator: torch.Generator, bos: int):
+    """Random sequences in which, after a random prefix, a random segment of random length repeats
+    until the end: ``(tokens [n, seq_len], mask of positions whose next token is a repeat [n,
+    seq_len - 1])``. The segment's length varies, so no fixed positional offset predicts the
+    repeats: the model has to look the current token up earlier in the context."""
+    n, t = config.batch_size, config.seq_len
+    x = token_ids[torch.randint(len(token_ids), (n, t), generator=generator)]
+    x[:, 0] = bos
+    predictable = torch.zeros(n, t - 1, dtype=torch.bool)
+    for i in range(n):
+        length = int(torch.randint(config.min_repeat, config.max_repeat + 1, (1,), generator=generator))
+        start = int(torch.randint(1, t - 2 * length + 1, (1,), generator=generator))
+        for p in range(start + length, t):
+            x[i, p] = x[i, p - length]
+        predictable[i, start + length :] = True  # position p predicts token p + 1 (a repeat of an earlier pair)
+    return x, predictable
+
+
+def train_induction_model(out_dir: str | Path, config: InductionConfig = InductionConfig(),
+                          progress: Optional[bool] = None) -> Path:
+    """Train the attention-only induction model; save a HuggingFace directory (with ``train_log.json``)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    tok = _tokenizer(config.vocab)
+    cfg = LlamaConfig(hidden_size=config.d_model, num_hidden_layers=config.n_layers,
+                      num_attention_heads=config.n_heads, num_key_value_heads=config.n_heads, intermediate_size=4,
+                      max_position_embeddings=config.seq_len, vocab_size=len(tok), bos_token_id=tok.eos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg)
+    for block in model.model.layers:  # attention-only: MLPs are zero and stay zero
+        for p in block.mlp.parameters():
+            torch.nn.init.zeros_(p)
+            p.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
+    gen = torch.Generator().manual_seed(config.seed)
+    ids = _ids(tok, config.vocab)
+    log, start = [], time.time()
+    model.train()
+    bar = tqdm(range(config.steps), desc="induction model", disable=None if progress is None else not progress)
+    for step in bar:
+        x, predictable = training_batch(config, ids, gen, tok.eos_token_id)
+        for g in opt.param_groups:
+            g["lr"] = config.lr * min(1.0, (step + 1) / 100)
+        logits = model(input_ids=x).logits
+        loss_all = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss_all.backward()
+        opt.step()
+        if step % 50 == 0 or step == config.steps - 1:
+            with torch.no_grad():
+                rep = logits[:, :-1].argmax(-1).eq(x[:, 1:])[predictable].float().mean()
+            log.append({"step": step, "loss": round(loss_all.item(), 4), "repeat_accuracy": round(rep.item(), 4),
+                        "seconds": round(time.time() - start, 1)})
+            bar.set_postfix(loss=f"{loss_all.item():.3f}", repeat_acc=f"{rep.item():.2f}")
+    model.eval()
+    out = Path(out_dir)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "train_config.json").write_text(json.dumps(asdict(config), indent=1))
+    (tmp / "train_log.json").write_text(json.dumps(log, indent=0))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def induction_pairs(model, n: int = 32, half: Optional[int] = None, seed: int = 0) -> Pairs:
+    """Clean: ``<eos> r r`` (a random half repeated); corrupted: the first half replaced by other
+    random tokens, so the second half has nothing to induct from. Same lengths by construction."""
+    vocab = sum(1 for t in model.tokenizer.get_vocab() if t.startswith("t") and t[1:].isdigit())
+    if vocab == 0:
+        raise ValueError("induction_pairs needs a model whose vocabulary has the words t0, t1, ... (the induction model)")
+    if half is None:
+        half = 10
+    gen = torch.Generator().manual_seed(seed)
+    ids = _ids(model.tokenizer, vocab)
+    bos = model.tokenizer.eos_token_id
+    clean = repeated_sequences(n, half, ids, gen, bos)
+    other = ids[torch.randint(len(ids), (n, half), generator=gen)]
+    corrupted = clean.clone()
+    corrupted[:, 1 : half + 1] = other
+    return make_pairs(model, clean, corrupted)
+
+
+def induction_metric(logits: torch.Tensor, pairs: Pairs) -> torch.Tensor:
+    """Mean log-probability of the correct next token over the repeated half (clean tokens), per pair."""
+    ids = pairs.clean.input_ids.to(logits.device)
+    half = (ids.shape[1] - 1) // 2
+    pos = torch.arange(half + 1, 2 * half, device=logits.device)
+    logp = torch.log_softmax(logits[:, pos].float(), -1)
+    return logp.gather(-1, ids[:, pos + 1].unsqueeze(-1)).squeeze(-1).mean(-1)
+
+
+def previous_token_scores(model, pairs: Pairs, layer: int = 0) -> torch.Tensor:
+    """Each head's mean attention from position ``t`` to ``t - 1`` (a previous-token-head score),
+    computed from queries and keys: ``[n_heads]``."""
+    return _attention_scores(model, pairs, layer, offset=1)
+
+
+def induction_scores(model, pairs: Pairs, layer: int = 1) -> torch.Tensor:
+    """Each head's mean attention from a second-half token to the token after its first
+    occurrence (offset ``half - 1``): ``[n_heads]``."""
+    half = (pairs.n_pos - 1) // 2
+    return _attention_scores(model, pairs, layer, offset=half - 1, start=half + 1)
+
+
+def attention_patterns(model, pairs: Pairs, layer: int) -> torch.Tensor:
+    """Attention patterns ``[n, head, query, key]`` of the clean inputs at ``layer``."""
+    return model.attention_pattern(pairs.clean, layer).float().cpu()
+
+
+def _attention_scores(model, pairs: Pairs, layer: int, offset: int, start: int = 1) -> torch.Tensor:
+    pattern = attention_patterns(model, pairs, layer)
+    rows = torch.arange(start, pattern.shape[-1])
+    return pattern[:, :, rows, rows - offset].mean((0, 2))
+
+
+def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5,
+                      progress: Optional[bool] = None) -> dict:
+    """Activation patching, path patching (all L0 senders -> every L1 head's q/k/v), AtP and
+    EAP-IG on the induction model; tables saved in ``out`` and a summary returned."""
+    pairs = induction_pairs(model, n=n_pairs)
+    heads = model.n_heads
+    prev = previous_token_scores(model, pairs).tolist()
+    ind = induction_scores(model, pairs).tolist()
+    ap = ActivationPatching(model, induction_metric, sites=["z"], by_position=False, progress=progress).run(pairs)
+    receivers = [f"L1H{h}.{c}" for h in range(heads) for c in "qkv"]
+    pp = PathPatching(model, induction_metric, senders=["embed"] + [f"L0H{h}" for h in range(heads)],
+                      receivers=receivers, progress=progress).run(pairs)
+    nodes = AttributionPatching(model, induction_metric, progress=progress).nodes(pairs)
+    eap = AttributionPatching(model, induction_metric, ig_steps=ig_steps, receivers=receivers + ["logits"],
+                              progress=progress).edges(pairs)
+    for name, df in [("activation_patching", ap), ("path_patching", pp), ("attribution_nodes", nodes), ("eap_edges", eap)]:
+        save_table(df, out, name)
+    head_edges = pp[pp.sender != "embed"].sort_values("score")
+    top = head_edges.iloc[0]
+    summary = {"previous_token_scores": prev, "induction_scores": ind,
+               "top_head_edge": {"sender": top.sender, "receiver": top.receiver, "normalized": float(top.normalized)},
+               "clean_metric": pp.attrs["target_score"], "corrupted_metric": pp.attrs["source_score"]}
+    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,100 @@
+"""Circuits of a relation, before and after relabelling fine-tuning.
+
+The generalization study fine-tunes a model to answer a relation with new labels ("Ana Bell is
+associated with the word ``otter``" for every subject whose city was Paris) and asks whether
+held-out subjects follow. This module asks *where* the answer lives in the model on each side of
+that fine-tune:
+
+- **before**: clean prompts state the fact as the pretraining corpus does; corrupted prompts use
+  another subject (same token count) with a different answer; metric: logit difference between
+  the two subjects' answers;
+- **after**: the same pairs in the fine-tuning template, on the fine-tuned model, with each
+  answer replaced by its label.
+
+Activation patching of every head output and MLP output (all positions, clean into corrupted)
+gives each component's share of the logit difference, normalized so 1 restores the clean run.
+"""
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+import pandas as pd
+
+from circuits.activation_patching import ActivationPatching
+from circuits.pairs import Pairs, make_pairs
+from lab.study.design import make_design
+from lab.study.finetune import FinetuneConfig, finetune
+from lab.world.vocab import LABELS
+
+
+def relation_pairs(model, prompts: list[str], answers: list[str], n: int = 32, seed: int = 0,
+                   subjects: Optional[list[str]] = None) -> Pairs:
+    """``n`` (clean, corrupted) pairs from one relation: two subjects with equal token counts and
+    different answers; ``answer`` = the clean subject's answer, ``wrong`` = the corrupted one's."""
+    lengths = [len(e.ids) for e in model.encode(prompts)]
+    by_len: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths):
+        by_len.setdefault(length, []).append(i)
+    rng = random.Random(seed)
+    order = list(range(len(prompts)))
+    rng.shuffle(order)
+    clean, corrupted, ans, wrong = [], [], [], []
+    for i in order:
+        others = [j for j in by_len[lengths[i]] if answers[j] != answers[i]]
+        if not others:
+            continue
+        j = rng.choice(others)
+        clean.append(prompts[i])
+        corrupted.append(prompts[j])
+        ans.append(answers[i])
+        wrong.append(answers[j])
+        if len(clean) == n:
+            break
+    if not clean:
+        raise ValueError("no two prompts of equal token length with different answers; cannot build patching pairs")
+    return make_pairs(model, clean, corrupted, answer=ans, wrong=wrong)
+
+
+def component_scores(model, pairs: Pairs, progress: Optional[bool] = None) -> pd.DataFrame:
+    """Every head (``z``) and MLP output patched at all positions, clean into corrupted."""
+    sites = ["z", "mlp_out"] if any(s.endswith("hook_mlp_out") for s in model.sites) else ["z"]
+    df = ActivationPatching(model, "logit_diff", sites=sites, by_position=False, progress=progress).run(pairs)
+    df["component"] = [f"L{r.layer}H{r.head}" if r.site == "z" else f"MLP{r.layer}" for r in df.itertuples()]
+    return df
+
+
+def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animals", method: str = "full",
+                     n_finetune: int = 3, label_seed: int = 0, seed: int = 0, finetune_config=None,
+                     progress: Optional[bool] = None) -> pd.DataFrame:
+    """Component scores for ``relation`` before and after relabelling fine-tuning.
+
+    ``relation``: an :class:`interp.relations.Relation` (e.g. from ``from_world``). Returns a tidy
+    DataFrame with ``stage`` in {"before", "after"}, one row per component, its ``score`` and
+    ``normalized`` effect; ``attrs`` carry each stage's clean and corrupted logit differences and
+    the fine-tune's facts.
+    """
+    if category not in LABELS:
+        raise ValueError(f"unknown label category {category!r}; choose from {sorted(LABELS)}")
+    config = finetune_config or FinetuneConfig()
+    prompts = [p.text for p in relation.prompts()]
+    before = component_scores(model, relation_pairs(model, prompts, relation.answers, n_pairs, seed), progress)
+    design = make_design(relation, tuple(LABELS[category]), n_finetune, label_seed, seed, category)
+    tmpl = config.template
+    ft_prompts = [tmpl.format(relation.subjects[i]) for i in design.finetune]
+    ft_labels = [design.mapping[relation.answers[i]] for i in design.finetune]
+    after_model, info = finetune(model, ft_prompts, ft_labels, design.labels, method, config, seed=seed)
+    keep = [i for i in design.finetune + design.heldout]
+    after_prompts = [tmpl.format(relation.subjects[i]) for i in keep]
+    after_answers = [design.mapping[relation.answers[i]] for i in keep]
+    after = component_scores(after_model, relation_pairs(after_model, after_prompts, after_answers, n_pairs, seed), progress)
+    out = pd.concat([before.assign(stage="before"), after.assign(stage="after")], ignore_index=True)
+    out.attrs.update(relation=relation.name, method=method, category=category, finetune=info,
+                     before={k: before.attrs[k] for k in ("clean_score", "corrupted_score")},
+                     after={k: after.attrs[k] for k in ("clean_score", "corrupted_score")})
+    return out[["stage", "component", "site", "layer", "head", "score", "normalized"]].pipe(lambda d: _with_attrs(d, out.attrs))
+
+
+def _with_attrs(df: pd.DataFrame, attrs: dict) -> pd.DataFrame:
+    df.attrs.update(attrs)
+    return df

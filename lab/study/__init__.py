@@ -1,0 +1,16 @@
+"""The generalization study: readability before fine-tuning vs generalization after it.
+
+>>> from lab.study import run_study
+>>> result = run_study("world", out="results/study")        # the main job, ~15 min on 2 cores
+>>> result.summary["headline"]
+"""
+from __future__ import annotations
+
+from .design import Design, finetune_budget, make_design, per_answer, relabel, split
+from .finetune import FinetuneConfig, finetune
+from .run import run_study
+from .study import Job, Study, StudyConfig, StudyResult
+from .validate import StudyConfigError
+
+__all__ = ["Design", "FinetuneConfig", "Job", "Study", "StudyConfig", "StudyConfigError", "StudyResult", "finetune",
+           "finetune_budget", "make_design", "per_answer", "relabel", "run_study", "split"]

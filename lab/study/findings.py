@@ -1,0 +1,183 @@
+"""The study's findings page: a Markdown document built only from a finished study's saved
+tables (and, optionally, a causal test's), so the numbers in the documentation are always the
+numbers in the results folder. ``interp study findings`` writes it (``docs/study.md``)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+
+def _f(v, digits: int = 3) -> str:
+    try:
+        return "n/a" if pd.isna(v) else f"{v:.{digits}f}"
+    except TypeError:
+        return str(v)
+
+
+def _p(v) -> str:
+    return "n/a" if pd.isna(v) else f"{v:.2g}"
+
+
+def _table(df: pd.DataFrame, digits: int = 3) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        lines.append("| " + " | ".join((_p(v) if c.startswith("p_") or c.startswith("p ") else _f(v, digits))
+                                       if isinstance(v, float) else str(v) for c, v in zip(cols, row)) + " |")
+    return "\n".join(lines)
+
+
+METHODS = """## How to read these numbers
+
+- **Kappa, not accuracy.** Readability (cross-validated probe predictions) and generalization
+  (held-out predictions after relabelling) are Cohen's kappa against the empirical answer
+  distribution of the evaluated subjects: 0 for every guess blind to the subject (uniform,
+  prior-matched, always the majority answer), 1 for perfect. Raw accuracies rise as answers get
+  fewer or more lopsided whatever the model knows, so their correlation across relations is
+  partly chance levels correlating with themselves (`lab/study/chance.py`).
+- **Monte-Carlo p.** The headline p-value ranks the observed statistic among 2,000 simulated
+  studies of the same design (relations, held-out sets, readability values, the fine-tuned
+  model's label preferences) in which nothing generalizes beyond chance. It is exact under that
+  null; the conventional tests assume outcomes exchangeable across relations, which the unequal
+  noise of kappa breaks, and the calibration table shows by how much (`lab/study/null.py`).
+- **Design.** Each relation's number of fine-tuning subjects is a budget drawn independently of
+  its number of answers, so the two covariates are different variables; the chance level is a
+  covariate of its own.
+- **Back-mapping.** Both top-k lists rank wrong answers only, and each hit rate is compared with
+  a uniformly random wrong answer and with the back-mapped answers shuffled among a relation's
+  errors (which keeps label and answer popularity) (`lab/study/backmap.py`).
+- **Causal test.** The two worlds write every non-manipulated relation identically (document
+  hashes compared before any training; `writing_identical` in `causal.csv`); differences in differences come with a bootstrap CI and a permutation p over
+  relations.
+"""
+
+
+def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
+    s = json.loads((study / "summary.json").read_text())
+    stats = pd.read_csv(study / "stats.csv")
+    rel = pd.read_csv(study / "relations.csv")
+    null = pd.read_csv(study / "null_calibration.csv")
+    rob = pd.read_csv(study / "robustness.csv")
+    bm = pd.read_csv(study / "backmap.csv")
+    c = s["config"]
+    h, nc = s["headline"], s["null_calibration"]
+    out = [f"## The generalization study: {s['model']}, {s['n_relations']} relations", ""]
+    if figures_to is not None and (study / "figures" / f"scatter_{c['methods'][0]}.png").exists():
+        figures_to.mkdir(parents=True, exist_ok=True)
+        for name in (f"scatter_{c['methods'][0]}", "null_calibration", "backmap"):
+            src = study / "figures" / f"{name}.png"
+            if src.exists():
+                shutil.copyfile(src, figures_to / f"study_{name}.png")
+        out += [f"![readability vs generalization, kappa](study_scatter_{c['methods'][0]}.png)", ""]
+    pear = h["pearson"]
+    out += [f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
+            f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, {pear['ci_method']}); "
+            f"Monte-Carlo p = **{_p(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies of this design with no "
+            f"generalization beyond chance (permutation p = {_p(pear['p_value'])}). On those null studies the Monte-Carlo test "
+            f"rejects at {_f(nc['headline_false_positive_rate'])} and the permutation test at "
+            f"{_f(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
+            f"({_f(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
+            f"{_f(nc['raw_false_positive_rate'])} with no generalization at all.", ""]
+    out += [f"Mean generalization kappa: " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
+            + f" (raw accuracy " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items()) + "); mean readability "
+            f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
+            f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.", ""]
+    out += ["### Statistics", ""]
+    t = stats[stats.analysis != "pearson (t-test)"][["method", "predictor", "outcome", "analysis", "r", "ci_low", "ci_high", "p_value",
+                                                     "p_monte_carlo", "n"]]
+    out += [_table(t), ""]
+    out += ["### Null calibration (false-positive rate at alpha = 0.05)", "",
+            "Conventional test (permutation for Pearson, t for the others) and Monte-Carlo test against the design's own null.", "",
+            _table(null[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "mc_se", "mean_r",
+                         "sd_r", "observed_r", "p_monte_carlo"]]), ""]
+    out += ["### Robustness (Pearson r of kappas; raw beside it)", "",
+            _table(rob[[c for c in ("varied", "setting", "n", "r", "ci_low", "ci_high", "r_raw", "seed_invariant_relations") if c in rob]]), ""]
+    out += ["### Error back-mapping (top-{k} among wrong answers, against a uniformly random wrong answer)".format(k=c["top_k"]), ""]
+    for m, b in s["backmap"].items():
+        out += [f"- {m}: {b['n_errors']} errors on {b['n_relations']} informative relations "
+                f"({b['n_uninformative_relations']} with too few answers left out). Probe top-{c['top_k']}: "
+                f"{_f(b['probe_rate'])} = {_f(b['probe_ratio'], 2)}x a uniformly random wrong answer, "
+                f"{_f(b['probe_ratio_shuffled'], 2)}x the shuffled null; pretrained model: {_f(b['model_rate'])} = "
+                f"{_f(b['model_ratio'], 2)}x uniform, {_f(b['model_ratio_shuffled'], 2)}x shuffled; paired Wilcoxon "
+                f"(probe vs model) p = {_p(b['wilcoxon_p'])}."]
+    out += ["", _table(bm[bm.informative.astype(bool)][["method", "relation", "n_answers", "n_errors", "probe_rate",
+                                                         "probe_expected_rate", "probe_shuffled_rate", "model_rate",
+                                                         "model_expected_rate", "model_shuffled_rate"]]), ""]
+    cols = ["relation", "n_answers", "n_finetune_subjects", "n_heldout", "chance", "chance_majority", "readability_best",
+            "readability_best_kappa", "best_layer"] + [x for x in rel.columns if x.startswith("generalization_")]
+    out += ["### Relations", "", _table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
+    return "\n".join(out)
+
+
+def causal_section(causal: Path) -> str:
+    s = json.loads((causal / "causal.json").read_text())
+    df = pd.read_csv(causal / "causal.csv")
+    out = ["## The causal test: augmented vs plain writing", "",
+           f"Manipulated: {', '.join(s['manipulated'])} ({s['method']} fine-tuning; kappa). Writing of every other relation "
+           f"identical in both worlds: {bool(df[~df.manipulated].writing_identical.all())} (document hashes).", ""]
+    rows = []
+    for vs, d in s["difference_in_differences"].items():
+        for col, v in d.items():
+            rows.append({"against": vs, "change in": col, "difference in differences": v["estimate"], "ci_low": v["ci_low"],
+                         "ci_high": v["ci_high"], "p (permutation)": v["p_value"]})
+    out += [_table(pd.DataFrame(rows)), "", "Mean change (plain - augmented) per group:", ""]
+    out += [_table(pd.DataFrame([{"group": g, "n": s["n"][g], **v} for g, v in s["mean_delta"].items()])), ""]
+    out += [_table(df[["relation", "manipulated", "derived_from_manipulated", "writing_identical", "delta_readability",
+                       "delta_generalization", "delta_readability_raw", "delta_generalization_raw"]]), ""]
+    return "\n".join(out)
+
+
+def world_section(report: Path) -> str:
+    """What the world model knows, from a saved ``interp world report --out FILE`` table."""
+    df = pd.read_csv(report)
+    aug = df[df.augment.astype(bool)]
+    out = ["## The embedded world model: what it knows", "",
+           f"`interp world report`: recall is the greedy next token on every fact's corpus query (all subjects); readability "
+           f"is the best-layer 5-fold probe accuracy at the subject's last token, chance = 1/#answers. Mean recall "
+           f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); readability "
+           f"{_f(df.readability.min())} to {_f(df.readability.max())}; the {len(aug)} augmented relations average "
+           f"{_f(aug.readability.mean())} readability against {_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.", "",
+           _table(df), ""]
+    return "\n".join(out)
+
+
+def ablation_section(folder: Path) -> str:
+    """One row per variant of the world model's recipe, from ``interp world ablate``'s tables."""
+    df = pd.read_csv(folder / "ablation.csv")
+    plan = json.loads((folder / "ablation_plan.json").read_text())
+    cols = ["variant", "factor", "checkpoint", "steps", "recall", "readability", "generalization", "generalization_max", "relations_ge_0.5",
+            "relations_le_0.05", "r", "pretrain_minutes"]
+    out = ["## What makes knowledge active: the ablation", "",
+           f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; world variants "
+           f"are pretrained for {plan['steps']} steps (the baseline row too, so rows compare like with like; the shipped "
+           "checkpoint has more), and every row is measured with a reduced study (one label assignment, one seed, full "
+           "fine-tuning unless the row says otherwise). Rows that change only the fine-tuning need no pretraining: they "
+           "fine-tune the recipe's own model (`checkpoint` = shipped) and compare with its row. Readability and "
+           "generalization are mean kappas over relations; `r` is the study's headline correlation of the two across "
+           "relations.", "",
+           _table(df[[c for c in cols if c in df]]), ""]
+    return "\n".join(out)
+
+
+def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal: Optional[str | Path] = None,
+                   command: str = "interp study", world: Optional[str | Path] = None,
+                   ablation: Optional[str | Path] = None) -> Path:
+    """Write the findings page from saved results (and copy the headline figures beside it):
+    the study, and optionally the causal test, the world model's report table and the ablation."""
+    study, out = Path(study), Path(out)
+    parts = ["# Findings: the generalization study", "",
+             f"Generated by `interp study findings` from the saved tables of `{command}`; do not edit by hand.", "",
+             METHODS, study_section(study, out.parent)]
+    if causal is not None and (Path(causal) / "causal.json").exists():
+        parts.append(causal_section(Path(causal)))
+    if world is not None and Path(world).exists():
+        parts.append(world_section(Path(world)))
+    if ablation is not None and (Path(ablation) / "ablation.csv").exists():
+        parts.append(ablation_section(Path(ablation)))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(parts))
+    return out

@@ -1,0 +1,100 @@
+"""Fine-tuning on a relabelled relation: full fine-tuning or LoRA (peft), until the fine-tuning
+subjects are learned.
+
+The model is trained on ``template.format(subject) + " " + label`` for the fine-tuning subjects
+only, with cross-entropy on the label's tokens (the prompt is not a target). The default
+template, ``"{} is associated with the word"``, never names the original relation. Training
+stops once every fine-tuning subject's top label (among the relation's labels) is right, checked
+every ``check_every`` steps, or at ``max_steps``; the train accuracy reached is reported.
+
+Full fine-tuning trains every weight except the embedding tables (token and position embeddings,
+and a read-out tied to them), as LoRA leaves them too (``freeze_embeddings=True``, the default).
+A fine-tune that may move embedding rows can memorize each fine-tuning subject through a row of
+its own (in the world model a subject's family name is one token), which fits the fine-tuning
+set without any rule that carries to held-out subjects; measured on the world model, freezing
+them raises held-out generalization (``interp world ablate`` has the row).
+
+The seed sets LoRA's initialization and the order of minibatches (``batch_size`` examples drawn
+without replacement). A fine-tuning set that fits in one batch is trained full-batch, so full
+fine-tuning is then deterministic and every seed gives the same model.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+
+from interp.models import Model
+from interp.tokens import Batch, Encoded, pad
+from interp.trainable import LoraSpec, lm_loss
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    template: str = "{} is associated with the word"
+    lr: float = 1e-3
+    lora_lr: float = 3e-3
+    max_steps: int = 300
+    check_every: int = 10
+    batch_size: int = 32
+    lora_r: int = 8
+    lora_alpha: int = 16
+    weight_decay: float = 0.0
+    freeze_embeddings: bool = True  # full fine-tuning: embedding tables stay as pretrained
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _examples(tokenizer, prompts: Sequence[str], labels: Sequence[str], pad_id: int):
+    seqs, targets = [], []
+    for p, l in zip(prompts, labels):
+        base = tokenizer(p)["input_ids"]
+        full = tokenizer(p + " " + l)["input_ids"]
+        if full[: len(base)] != base:
+            raise ValueError(f"label {l!r} does not extend prompt {p!r} token-wise")
+        seqs.append(full)
+        targets.append([-100] * len(base) + full[len(base):])
+    batch = pad([Encoded(s, []) for s in seqs], pad_id, "right")
+    width = batch.input_ids.shape[1]
+    y = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, t in enumerate(targets):
+        y[i, : len(t)] = torch.tensor(t)
+    return batch, y
+
+
+def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_set: Sequence[str],
+             method: str, config: FinetuneConfig, seed: int) -> tuple[Model, dict]:
+    """A fine-tuned copy of ``model`` (a handle on the same backend; the original is untouched)
+    and a dict of training facts. Trained and checked through the handle's backend."""
+    if method not in ("full", "lora"):
+        raise ValueError(f"unknown fine-tuning method {method!r}; use 'full' or 'lora'")
+    torch.manual_seed(seed)
+    lora = LoraSpec(config.lora_r, config.lora_alpha) if method == "lora" else None
+    tuned = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)
+    params = tuned.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=config.lora_lr if method == "lora" else config.lr, weight_decay=config.weight_decay)
+    batch, y = _examples(model.tokenizer, prompts, labels, model.pad_token_id)
+    gold = torch.tensor([list(label_set).index(l) for l in labels])
+    gen = torch.Generator().manual_seed(seed)
+    n = len(prompts)
+    train_acc, step = 0.0, 0
+    tuned.train()
+    for step in range(1, config.max_steps + 1):
+        idx = torch.randperm(n, generator=gen)[: config.batch_size]
+        loss = lm_loss(tuned.forward(Batch(batch.input_ids[idx], batch.attention_mask[idx], batch.position_ids[idx], batch.shift[idx])),
+                       y[idx].to(tuned.device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % config.check_every == 0 or step == config.max_steps:
+            tuned.eval()
+            pred = tuned.logprobs(list(prompts), list(label_set)).argmax(-1)
+            tuned.train()
+            train_acc = (pred == gold).float().mean().item()
+            if train_acc == 1.0:
+                break
+    tuned.eval()
+    return tuned, {"steps": step, "train_accuracy": train_acc, "final_loss": loss.item(),
+                   "trainable_params": sum(p.numel() for p in params)}

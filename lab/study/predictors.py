@@ -1,0 +1,82 @@
+"""Further predictors of fine-tuning generalization: LRE faithfulness and Jacobian alignment.
+
+The study's headline predictor is probe readability (is the answer linearly decodable at the
+subject?). Two other notions of "linear before fine-tuning" come from :mod:`jacobians`:
+
+- **LRE faithfulness / causality** (Hernandez et al. 2024): is the map from the subject's state
+  at layer ``l`` to the final state a linear operator that predicts (and can edit) the answer?
+- **Jacobian alignment** (GrokAlign): how far the last-position logits' Jacobian with respect to
+  the subject's last token embedding is aligned with that embedding, measured by the centroid
+  alignment ``cos(J^T 1, x)`` (one vector-Jacobian product per prompt; the full per-row measures
+  need the whole ``vocab x d_model`` Jacobian per prompt, minutes per relation on a CPU).
+
+:func:`relation_predictors` measures them per relation; :func:`compare_predictors` correlates
+every predictor with a finished study's generalization, side by side with readability, and
+writes ``predictors.csv`` and ``predictor_correlations.csv`` into the study folder.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from interp.results import write_table
+from jacobians import LinearRelationalEmbedding, centroid_alignment
+
+from .stats import pearson, spearman
+
+
+def relation_predictors(model, relations, layer: Optional[int] = None, beta: float = 1.0, n_test: int = 40,
+                        n_alignment: int = 64, seed: int = 0, progress: Optional[bool] = None) -> pd.DataFrame:
+    """One row per relation: ``lre_faithfulness``, ``lre_causality``, ``centroid_alignment``
+    (subject-last token embedding -> last-position logits)."""
+
+    layer = model.n_layers // 2 - 1 if layer is None else layer
+    lre = LinearRelationalEmbedding(model, layer, beta=beta, icl=False)
+    rows = []
+    for r in tqdm(relations, desc="jacobian predictors", disable=None if progress is None else not progress):
+        res = lre.run(r, n_test=n_test, seed=seed)
+        rng = np.random.default_rng(seed)
+        pick = rng.choice(len(r), size=min(n_alignment, len(r)), replace=False)
+        prompts = [r.prompts()[i] for i in sorted(pick)]
+        align = centroid_alignment(model, prompts, wrt="hook_embed", of="logits", wrt_position="subject_last")
+        rows.append({"relation": r.name, "lre_layer": layer, "lre_beta": beta, "lre_faithfulness": res["faithfulness"],
+                     "lre_causality": res["causality"], "lre_agreement": res["agreement"],
+                     "centroid_alignment": float(align.centroid_alignment.mean())})
+    return pd.DataFrame(rows)
+
+
+PREDICTORS = ["readability_best_kappa", "lre_faithfulness", "lre_causality", "centroid_alignment"]
+
+
+def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: Optional[int] = None,
+                       beta: float = 1.0, outcomes: Sequence[str] = ("generalization_kappa_full", "generalization_kappa_lora"),
+                       n_boot: int = 1000, n_perm: int = 1000, progress: Optional[bool] = None) -> pd.DataFrame:
+    """Correlate each predictor with each outcome across a finished study's relations."""
+    study_dir = Path(study_dir)
+    table = pd.read_csv(study_dir / "relations.csv")
+    cached = study_dir / "predictors.csv"
+    if cached.exists() and model is None:
+        preds = pd.read_csv(cached)
+    else:
+        if model is None or relations is None:
+            raise ValueError(f"{cached} does not exist yet: pass the study's model and relations to measure the predictors")
+        wanted = set(table.relation)
+        preds = relation_predictors(model, [r for r in relations if r.name in wanted], layer, beta, progress=progress)
+        write_table(preds, cached)
+    merged = table.merge(preds, on="relation")
+    rows = []
+    for outcome in outcomes:
+        if outcome not in merged:
+            continue
+        for p in PREDICTORS:
+            pr = pearson(merged[p], merged[outcome], n_boot=n_boot, n_perm=n_perm)
+            sp = spearman(merged[p], merged[outcome])
+            rows.append({"outcome": outcome, "predictor": p, "pearson_r": pr["r"], "ci_low": pr["ci_low"],
+                         "ci_high": pr["ci_high"], "p_value": pr["p_value"], "spearman_r": sp["r"], "n": pr["n"]})
+    out = pd.DataFrame(rows)
+    write_table(out, study_dir / "predictor_correlations.csv")
+    return out

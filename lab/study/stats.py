@@ -1,0 +1,121 @@
+"""Statistics across relations: does readability predict generalization?
+
+- **Pearson r** (``scipy.stats.pearsonr``) with a bootstrap confidence interval over relations
+  (``scipy.stats.bootstrap``, paired resampling, BCa; where BCa is undefined on a degenerate
+  sample the percentile interval is used and the ``ci_method`` column says so) and a two-sided
+  permutation p-value (:func:`permutation_p`: pairings shuffled, ``(1 + #{|r*| >= |r|}) /
+  (1 + n_perm)``; vectorized so that :mod:`lab.study.null` can afford it thousands of times);
+- **Spearman rho** (``scipy.stats.spearmanr``);
+- **partial correlation** controlling for covariates: both variables are residualized on the
+  covariates by OLS (``statsmodels``), the residuals are correlated, and the p-value uses a t
+  distribution with ``n - 2 - k`` degrees of freedom for ``k`` linearly independent covariates
+  (collinear covariates, such as the number of fine-tuning subjects when it is ``n_finetune``
+  times the number of answers, are absorbed by the pseudo-inverse and counted once).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+#: covariates the partial correlations control for, separately and jointly (``chance``: the
+#: prior-matched chance level sum p_a^2 of the held-out subjects' answers)
+COVARIATES = ["n_finetune_subjects", "n_answers", "chance", "pretrained_accuracy", "subject_frequency"]
+
+
+def permutation_p(x, y, n_perm: int = 2000, rng=None) -> float:
+    """Two-sided permutation p-value of Pearson r: the share of ``n_perm`` shuffled pairings
+    whose |r| reaches the observed |r|, counting the observed pairing once."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    rng = rng if rng is not None else np.random.default_rng(0)
+    xs, ys = (x - x.mean()) / x.std(), (y - y.mean()) / y.std()
+    r = float(xs @ ys) / len(x)
+    perms = rng.permuted(np.tile(np.arange(len(x)), (n_perm, 1)), axis=1)
+    r_perm = ys[perms] @ xs / len(x)
+    return float((1 + np.sum(np.abs(r_perm) >= abs(r) - 1e-12)) / (n_perm + 1))
+
+
+def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: float = 0.95) -> dict:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = len(x)
+    if n < 3:
+        raise ValueError(f"a correlation across relations needs at least 3 relations, got {n}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a value is NaN)", "p_value": np.nan, "n": n}
+    if np.std(x) == 0 or np.std(y) == 0:
+        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a constant variable)", "p_value": np.nan, "n": n}
+    r = stats.pearsonr(x, y).statistic
+    stat = lambda a, b: stats.pearsonr(a, b).statistic  # noqa: E731
+    rng = np.random.default_rng(seed)
+    method = "BCa"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns of degenerate resamples; BCa's NaN is handled below
+        try:
+            boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
+                                   method="BCa", random_state=rng)
+            lo, hi = boot.confidence_interval
+            if not (np.isfinite(lo) and np.isfinite(hi)):
+                raise ValueError("BCa interval is NaN")
+        except Exception as err:  # BCa is undefined on degenerate resamples: percentile, and say so
+            method = f"percentile (BCa failed: {err})"
+            lo, hi = _percentile_interval(x, y, n_boot, ci, np.random.default_rng(seed))
+    p = permutation_p(x, y, n_perm, np.random.default_rng(seed + 1))
+    return {"r": float(r), "ci_low": float(lo), "ci_high": float(hi), "ci_method": method, "p_value": p, "n": n}
+
+
+def _percentile_interval(x, y, n_boot: int, ci: float, rng) -> tuple[float, float]:
+    """Paired percentile bootstrap of Pearson r; resamples where r is undefined (a constant
+    variable) are left out rather than making the interval NaN."""
+    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    xb, yb = x[idx], y[idx]
+    xc, yc = xb - xb.mean(1, keepdims=True), yb - yb.mean(1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        r = (xc * yc).sum(1) / np.sqrt((xc ** 2).sum(1) * (yc ** 2).sum(1))
+    r = r[np.isfinite(r)]
+    if not len(r):
+        return float("nan"), float("nan")
+    a = (1 - ci) / 2
+    return float(np.quantile(r, a)), float(np.quantile(r, 1 - a))
+
+
+def spearman(x, y) -> dict:
+    res = stats.spearmanr(x, y)
+    return {"r": float(res.statistic), "p_value": float(res.pvalue), "n": len(x)}
+
+
+def partial(x, y, covariates: pd.DataFrame) -> dict:
+    """Correlation of x and y with the linear effect of ``covariates`` removed from both."""
+    import statsmodels.api as sm
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    Z = sm.add_constant(np.asarray(covariates, float), has_constant="add")
+    k = int(np.linalg.matrix_rank(Z)) - 1  # collinear covariates (e.g. n_finetune_subjects = n_finetune x n_answers) count once
+    n = len(x)
+    if n - 2 - k < 1:
+        raise ValueError(f"too few relations ({n}) for a partial correlation with {k} covariates")
+    with warnings.catch_warnings():  # rank deficiency is expected and handled (see docstring)
+        warnings.simplefilter("ignore")
+        rx = sm.OLS(x, Z).fit(method="pinv").resid  # the pseudo-inverse handles collinear covariates
+        ry = sm.OLS(y, Z).fit(method="pinv").resid
+    if np.std(rx) < 1e-12 or np.std(ry) < 1e-12:
+        return {"r": np.nan, "p_value": np.nan, "n": n, "df": n - 2 - k}
+    r = float(np.corrcoef(rx, ry)[0, 1])
+    df = n - 2 - k
+    t = r * np.sqrt(df / max(1e-300, 1 - r * r))
+    return {"r": r, "p_value": float(2 * stats.t.sf(abs(t), df)), "n": n, "df": df}
+
+
+def correlation_table(table: pd.DataFrame, predictor: str, outcome: str, covariates: list[str], n_boot: int, n_perm: int,
+                      seed: int = 0) -> list[dict]:
+    """Pearson (with CI and permutation p), Spearman, and partial correlations (each covariate
+    alone, then all jointly) of ``predictor`` with ``outcome`` across the rows of ``table``."""
+    x, y = table[predictor].to_numpy(float), table[outcome].to_numpy(float)
+    rows = [dict(analysis="pearson", **pearson(x, y, n_boot, n_perm, seed)), dict(analysis="spearman", **spearman(x, y))]
+    usable = [c for c in covariates if table[c].nunique() > 1]
+    for c in usable:
+        rows.append(dict(analysis=f"partial:{c}", **partial(x, y, table[[c]])))
+    if len(usable) > 1 and len(table) - 2 - len(usable) >= 1:
+        rows.append(dict(analysis="partial:all", **partial(x, y, table[usable])))
+    return [dict(predictor=predictor, outcome=outcome, **r) for r in rows]

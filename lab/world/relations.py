@@ -1,0 +1,20 @@
+"""The world's relations as :class:`interp.relations.Relation` objects, for every analyzer."""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from interp.relations import Relation
+
+from .world import World
+
+
+def from_world(world: World, relations: Optional[Iterable[str]] = None) -> list[Relation]:
+    """The world's relations, prompted exactly as the world's corpus writes each fact."""
+    out = []
+    for name in relations or [r.name for r in world.spec.relations]:
+        q = world.queries(name)
+        r = world.relation[name]
+        out.append(Relation(name, list(q.subject), list(q.answer), "{} " + world.templates(name)[0], list(q.prompt),
+                            {"source": "world", "n_answers": r.n_answers, "templates": r.templates,
+                             "mentions": r.mentions, "augment": r.augment, "bio": r.bio, "derived_from": r.derived_from}))
+    return out
