@@ -27,11 +27,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from interp.progress import bar_disabled
+from interp.sites import HEAD_KINDS, SHORT_KINDS
+
 from .metrics import as_metric
 from .pairs import Pairs
 from .runs import (
-    HEAD_KINDS,
-    SITE_KINDS,
     batch_of,
     blocks,
     cache,
@@ -76,7 +77,7 @@ class ActivationPatching:
                                  + (f" (did you mean {near[0]!r}?)" if near else ""))
             missing = [site(s, 0)] if site(s, 0) not in model.sites else []
             if missing:
-                raise ValueError(f"this model has no {s!r} site ({SITE_KINDS[s]}); e.g. blocks with parallel attention "
+                raise ValueError(f"this model has no {s!r} site ({SHORT_KINDS[s]}); e.g. blocks with parallel attention "
                                  "and MLP have no resid_mid")
         self.sites = list(sites)
         self.by_position = by_position
@@ -108,7 +109,7 @@ class ActivationPatching:
         n_total = len(pairs)
         parts = list(pairs.batches(self.batch_size))
         bar = tqdm(total=len(parts) * len(self.sites), desc="activation patching",
-                   disable=None if self.progress is None else not self.progress)
+                   disable=bar_disabled(self.progress))
         for part in parts:
             target, source = batch_of(part, self.target), batch_of(part, self.source)
             target_score += float(metric_of(self.model, target, part, self.metric).sum())

@@ -34,6 +34,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from interp.progress import bar_disabled
+
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
@@ -123,7 +125,7 @@ class PathPatching:
         parts = list(pairs.batches(self.batch_size))
         senders = [s for s in self.senders if any(e[0] == s for e in edges)]
         bar = tqdm(total=len(parts) * len(senders), desc="path patching",
-                   disable=None if self.progress is None else not self.progress)
+                   disable=bar_disabled(self.progress))
         for part in parts:
             target, source = batch_of(part, self.target), batch_of(part, self.source)
             target_score += float(metric_of(self.model, target, part, self.metric).sum())

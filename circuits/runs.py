@@ -10,6 +10,7 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
+from interp.sites import site_name
 from interp.tokens import Batch
 
 from .metrics import Metric
@@ -17,25 +18,8 @@ from .pairs import Pairs
 
 Tensor = torch.Tensor
 
-#: analyzer kind -> site kind (``blocks.{l}.`` + kind; ``embed`` lives outside the blocks)
-SITE_KINDS = {
-    "embed": "hook_embed",
-    "resid_pre": "hook_resid_pre",
-    "resid_mid": "hook_resid_mid",
-    "resid_post": "hook_resid_post",
-    "attn_out": "hook_attn_out",
-    "mlp_out": "hook_mlp_out",
-    "z": "attn.hook_z",
-    "q": "attn.hook_q",
-    "k": "attn.hook_k",
-    "v": "attn.hook_v",
-}
-HEAD_KINDS = ("z", "q", "k", "v")
-
-
-def site(kind: str, layer: Optional[int] = None) -> str:
-    s = SITE_KINDS[kind]
-    return s if kind == "embed" else f"blocks.{layer}.{s}"
+#: the site vocabulary lives in :mod:`interp.sites`; ``site`` is its builder
+site = site_name
 
 
 def batch_of(pairs: Pairs, which: str) -> Batch:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .sites import parse_site
+from .sites import parse_site, site_name
 
 Tensor = torch.Tensor
 
@@ -248,4 +248,4 @@ def bridge_hook_name(site: str, model_type: str | None) -> str:
     if parsed.kind not in aliases:
         return site
     kind = aliases[parsed.kind]
-    return kind if parsed.layer is None else f"blocks.{parsed.layer}.{kind}"
+    return kind if parsed.layer is None else site_name(kind, parsed.layer)

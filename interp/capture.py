@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .models import Model, load_model
+from .progress import bar_disabled
 from .prompts import Prompt, as_prompts
 from .store import ActivationStore
 from .tokens import PositionSpec, encode, resolve_positions
@@ -72,7 +73,7 @@ def capture(
     job = _Job(model, sites, encoded, token_positions, positions, batch_size, dtype, torch.device(device), padding_side)
 
     if store is None:
-        bar = tqdm(total=len(prompts), desc="capture", unit="prompt", disable=_quiet(progress, len(prompts), batch_size))
+        bar = tqdm(total=len(prompts), desc="capture", unit="prompt", disable=bar_disabled(progress, len(prompts), batch_size))
         data, mask = job.rows(0, len(prompts), bar)
         bar.close()
         return Activations(data, prompts, positions, mask)
@@ -87,7 +88,7 @@ def capture(
     }
     store.prepare(key, n_rows=len(prompts), shard_size=shard_size)
     todo = store.missing_shards()
-    bar = tqdm(total=len(prompts), desc="capture", unit="prompt", disable=_quiet(progress, len(prompts), batch_size))
+    bar = tqdm(total=len(prompts), desc="capture", unit="prompt", disable=bar_disabled(progress, len(prompts), batch_size))
     bar.update(len(prompts) - sum(store.shard_rows(i) for i in todo))
     for i in todo:
         start, stop = store.shard_range(i)
@@ -103,11 +104,6 @@ def data_hash(prompts: Sequence[Prompt], positions: PositionSpec) -> str:
     payload = json.dumps({"prompts": [[p.text, p.subject] for p in prompts], "positions": positions}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
-
-def _quiet(progress: Optional[bool], n: int, batch_size: int) -> Optional[bool]:
-    if progress is None:
-        return True if n <= batch_size else None  # None: tqdm shows the bar on a terminal only
-    return not progress
 
 
 class _Job:

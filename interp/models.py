@@ -31,7 +31,7 @@ from jaxtyping import Float
 from .backends import BACKENDS, DEFAULT_BACKEND, Backend, HookFn, backend_class
 from .prompts import as_prompts
 from .scoring import candidate_logprobs
-from .sites import validate_sites
+from .sites import site_name, validate_sites
 from .tokens import Batch, Encoded, encode, pad
 from .trainable import LoraSpec
 
@@ -118,7 +118,7 @@ class Model:
         return self.backend.attention_pattern(batch.input_ids.to(dev), batch.attention_mask.to(dev), layer)
 
     def resid_site(self, layer: int) -> str:
-        return f"blocks.{layer}.hook_resid_post"
+        return site_name("resid_post", layer)
 
     def check_sites(self, sites) -> list[str]:
         """Validate site names (unknown names raise with the nearest valid ones)."""
@@ -262,8 +262,10 @@ def load_model(
         loaded, tok, default_name = cls.load(spec, tokenizer, device, dtype)
         return Model(loaded, tok, name or default_name)
     others = [b for b in BACKENDS if b != backend and backend_class(b).accepts(spec)]
-    hint = f"; the {others[0]} backend accepts it (backend={others[0]!r})" if others else ""
-    raise TypeError(f"the {backend} backend cannot load a {type(spec).__name__}{hint}. Pass a registered name "
+    if others:
+        raise ValueError(f"the {backend} backend cannot load a {type(spec).__name__}: only the {others[0]} backend "
+                         f"can; pass backend={others[0]!r}")
+    raise TypeError(f"no backend can load a {type(spec).__name__}. Pass a registered name "
                     f"({', '.join(registered_models()) or 'none'}), a local directory, a hub name, or "
                     f"{cls.accepts_description}")
 

@@ -40,6 +40,35 @@ BLOCK_SITES = (
 )
 HEAD_SITES = frozenset({"attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_z"})
 
+#: short kinds the analyzers take (``sites=["resid_pre", "z"]``) -> site kinds
+SHORT_KINDS = {
+    "embed": "hook_embed",
+    "resid_pre": "hook_resid_pre",
+    "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post",
+    "attn_out": "hook_attn_out",
+    "mlp_out": "hook_mlp_out",
+    "z": "attn.hook_z",
+    "q": "attn.hook_q",
+    "k": "attn.hook_k",
+    "v": "attn.hook_v",
+}
+#: short kinds of the per-head sites
+HEAD_KINDS = ("z", "q", "k", "v")
+
+
+def site_name(kind: str, layer: int | None = None) -> str:
+    """The one place a site name is built: ``site_name("resid_post", 3)`` ->
+    ``"blocks.3.hook_resid_post"``; ``kind`` is a short kind (:data:`SHORT_KINDS`) or a site
+    kind (``"attn.hook_z"``); sites outside the blocks (``"embed"``, ``"hook_embed"``,
+    ``"ln_final.hook_normalized"``) take no layer."""
+    kind = SHORT_KINDS.get(kind, kind)
+    if kind in GLOBAL_SITES_BEFORE or kind in GLOBAL_SITES_AFTER:
+        return kind
+    if layer is None:
+        raise ValueError(f"the site kind {kind!r} lives in a block: give its layer")
+    return f"blocks.{layer}.{kind}"
+
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -59,7 +88,7 @@ class Site:
 
     @property
     def name(self) -> str:
-        return self.kind if self.layer is None else f"blocks.{self.layer}.{self.kind}"
+        return self.kind if self.layer is None else site_name(self.kind, self.layer)
 
     @property
     def per_head(self) -> bool:
@@ -90,7 +119,7 @@ def standard_sites(n_layers: int, kinds_available: set[str] | None = None) -> li
     names = [k for k in GLOBAL_SITES_BEFORE if kinds_available is None or k in kinds_available]
     for layer in range(n_layers):
         names += [
-            f"blocks.{layer}.{k}" for k in BLOCK_SITES if kinds_available is None or k in kinds_available
+            site_name(k, layer) for k in BLOCK_SITES if kinds_available is None or k in kinds_available
         ]
     names += [k for k in GLOBAL_SITES_AFTER if kinds_available is None or k in kinds_available]
     return names

@@ -20,6 +20,7 @@ import plotly.graph_objects as go
 from tqdm.auto import tqdm
 
 from interp.plots import PALETTE, style
+from interp.progress import bar_disabled
 
 
 def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Callable],
@@ -29,7 +30,7 @@ def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Cal
         raise ValueError("no analyzers given: pass a dict name -> function(checkpoint)")
     rows = []
     items = list(checkpoints)
-    for step, ckpt in tqdm(items, desc="checkpoints", disable=None if progress is None else not progress):
+    for step, ckpt in tqdm(items, desc="checkpoints", disable=bar_disabled(progress)):
         for name, fn in analyzers.items():
             value = fn(ckpt)
             if isinstance(value, Mapping):

@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float
 
 from interp.prompts import Prompt
+from interp.sites import site_name
 
 from .jacobian import _positions, forward_with_input, jacobian_of
 
@@ -95,8 +96,8 @@ class LinearRelationalEmbedding:
                              f"layer {model.n_layers - 1}); got {layer}")
         self.model, self.layer, self.beta, self.rank = model, layer, beta, rank
         self.n_train, self.icl, self.causality_rank, self.batch_size = n_train, icl, causality_rank, batch_size
-        self.s_site = f"blocks.{layer}.hook_resid_post"
-        self.o_site = f"blocks.{model.n_layers - 1}.hook_resid_post"
+        self.s_site = site_name("resid_post", layer)
+        self.o_site = site_name("resid_post", model.n_layers - 1)
 
     # prompts ------------------------------------------------------------------------------------
     def _prompts(self, relation, idx: Sequence[int], context: Sequence[int]) -> list[Prompt]:

@@ -45,6 +45,7 @@ from lab.study.summary import calibrate_folder
 from lab.world import default_spec, from_world, load_world, train_world_model
 from lab.world.report import knowledge_report, readability
 from lab.world.train import TrainConfig
+from probes import readability as best_readability
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when a model is resolved (interp.models.resolve_path)
 if "TRANSFORMERS_VERBOSITY" not in os.environ:
@@ -73,8 +74,8 @@ def demo(
     table = readability(model, world)
     out.mkdir(parents=True, exist_ok=True)
     write_table(table, out / "readability.csv")
-    best = table.loc[table.groupby("relation")["accuracy"].idxmax()].sort_values("accuracy", ascending=False)
-    typer.echo("\nbest-layer probe accuracy of each relation's answer at the subject's last token:")
+    best = best_readability(table).sort_values("kappa", ascending=False)
+    typer.echo("\neach relation's readability at its best layer (probe accuracy and kappa of its answer at the subject's last token):")
     typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"\nwrote {out / 'readability.csv'}")
 

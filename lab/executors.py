@@ -21,6 +21,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from tqdm.auto import tqdm
 
+from interp.progress import bar_disabled
+
 
 class JobsFailedError(RuntimeError):
     """Some jobs failed; ``failures`` maps each failed item's index to its error."""
@@ -49,7 +51,7 @@ class SerialExecutor(Executor):
     def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
         labels = list(labels or map(str, range(len(items))))
         results, failures = [None] * len(items), {}
-        for i, item in enumerate(tqdm(items, desc=desc, disable=None if self.progress is None else not self.progress)):
+        for i, item in enumerate(tqdm(items, desc=desc, disable=bar_disabled(self.progress))):
             try:
                 results[i] = fn(item)
             except Exception as err:  # keep going: every other job still runs and is saved
@@ -114,7 +116,7 @@ class RayExecutor(Executor):
         refs = {task.remote(fn, item, threads): i for i, item in enumerate(items)}
         pending = list(refs)
         results, failures = [None] * len(items), {}
-        bar = tqdm(total=len(items), desc=f"{desc} (ray)", disable=None if self.progress is None else not self.progress)
+        bar = tqdm(total=len(items), desc=f"{desc} (ray)", disable=bar_disabled(self.progress))
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:

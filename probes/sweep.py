@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from interp.capture import capture
 from interp.models import Model
+from interp.progress import bar_disabled
 from interp.relations import Relation, RelationError
 from interp.sites import parse_site
 
@@ -131,7 +132,7 @@ class ProbeSweep:
             source.check_sites(sites)
             model_name = model_name or source.name
             features = {}
-            for p in tqdm(prepared, desc="capture relations", disable=self._quiet(len(prepared))):
+            for p in tqdm(prepared, desc="capture relations", disable=bar_disabled(self.progress, len(prepared), 1)):
                 prompts = [p.relation.prompts()[i] for i in p.keep]
                 acts = capture(source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False)
                 features[p.relation.name] = {s: acts[s] for s in sites}
@@ -184,12 +185,6 @@ class ProbeSweep:
                     raise ValueError(f"activations of relation {name!r} at {s!r} contain NaN or inf; check the capture (dtype overflow?)")
 
     # ------------------------------------------------------------------------------------------
-    def _quiet(self, n):
-        """tqdm's ``disable``: a bar for more than one item, on a terminal, unless told otherwise."""
-        if self.progress is None:
-            return True if n <= 1 else None
-        return not self.progress
-
     def _prepare(self, relation: Relation) -> _Prepared:
         answers = np.asarray(relation.answers, dtype=object)
         first, seen = [], set()
@@ -256,7 +251,7 @@ class ProbeSweep:
                 trial = [item]
             part = trial
         chunks.append(part)
-        bar = tqdm(total=len(groups), desc="probes", unit="site", disable=self._quiet(len(groups)))
+        bar = tqdm(total=len(groups), desc="probes", unit="site", disable=bar_disabled(self.progress, len(groups), 1))
         for part in chunks:
             d = part[0][2].shape[-1]
             if any(x.shape[-1] != d for _, _, x in part):

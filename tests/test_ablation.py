@@ -73,26 +73,24 @@ def test_ablation_table_and_resume(tmp_path):
         ablate(tmp_path, variants, spec=TINY, steps=10, train=TRAIN, config=CFG, progress=False, only=["wide"])
 
 
+@pytest.mark.parametrize("backend", ["nnsight", "transformer_lens"])
 @pytest.mark.parametrize("freeze", [True, False])
-def test_full_fine_tuning_leaves_embeddings_as_pretrained_by_default(model_dirs, freeze):
+def test_full_fine_tuning_leaves_embeddings_as_pretrained_by_default(model_dirs, freeze, backend):
     import interp
 
-    m = interp.load_model(model_dirs["gpt2"], backend="nnsight")
-    tok = m.tokenizer
-    module = m.hf_model
-    before = {n: p.detach().clone() for n, p in module.named_parameters()}
-    tuned, info = finetune(module, tok, ["the city is", "a country is"], ["Paris", "Rome"], ["Paris", "Rome"], "full",
-                           FinetuneConfig(max_steps=3, check_every=3, freeze_embeddings=freeze), seed=0,
-                           pad_id=m.pad_token_id)
-    after = dict(tuned.named_parameters())
-    emb = [n for n in before if "wte" in n or "wpe" in n]
-    assert emb
-    for n in before:
-        same = torch.equal(before[n], after[n].detach())
-        if n in emb:
-            assert same == freeze, n
-    assert not all(torch.equal(before[n], after[n].detach()) for n in before)  # the rest trained
-    assert all(torch.equal(before[n], p.detach()) for n, p in module.named_parameters())  # original untouched
+    m = interp.load_model(model_dirs["gpt2"], backend=backend)
+    before = {id(p): p.detach().clone() for p in m.module.parameters()}
+    emb = {id(mod.weight) for mod in m.module.modules() if isinstance(mod, torch.nn.Embedding)}
+    tuned, info = finetune(m, ["the city is", "a country is"], ["Paris", "Rome"], ["Paris", "Rome"], "full",
+                           FinetuneConfig(max_steps=3, check_every=3, freeze_embeddings=freeze), seed=0)
+    assert tuned.backend_name == backend and tuned.module is not m.module
+    pairs = list(zip(m.module.parameters(), tuned.module.parameters()))  # a deep copy: same order
+    assert emb and len(pairs) == len(before)
+    for orig, new in pairs:
+        if id(orig) in emb:
+            assert torch.equal(orig, new.detach()) == freeze
+    assert not all(torch.equal(o, n.detach()) for o, n in pairs)  # the rest trained
+    assert all(torch.equal(before[id(p)], p.detach()) for p in m.module.parameters())  # original untouched
 
 
 def test_world_section_reads_a_saved_report(tmp_path):

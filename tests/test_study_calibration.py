@@ -7,7 +7,7 @@ from scipy import stats as sps
 from sklearn.metrics import cohen_kappa_score
 
 from lab.study.backmap import backmap_summary, backmap_table
-from lab.study.chance import chance_levels, kappa
+from probes.chance import chance_levels, kappa
 from lab.study.design import finetune_budget, per_answer
 from lab.study.null import NullDesign, calibration_table, simulate_outcomes
 from lab.study.stats import pearson, permutation_p

@@ -12,7 +12,7 @@ from transformer_lens.model_bridge import TransformerBridge
 from transformers.pytorch_utils import Conv1D
 
 from ..architectures import bridge_hook_name
-from ..sites import standard_sites
+from ..sites import site_name, standard_sites
 from ..trainable import LoraSpec, add_lora, lora_targets
 from ..trainable import freeze_embeddings as freeze_embedding_tables
 from .base import Backend, HookFn, Tensor, accepts_position_ids
@@ -115,7 +115,7 @@ class TransformerLensBackend(Backend):
     @torch.no_grad()
     def attention_pattern(self, input_ids, attention_mask, layer: int):
         """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
-        name = f"blocks.{layer}.attn.hook_pattern"
+        name = site_name("attn.hook_pattern", layer)
         _, cache = self.bridge.run_with_cache(input_ids, attention_mask=attention_mask, names_filter=lambda n: n == name)
         return cache[name]
 

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from interp.progress import bar_disabled
 from interp.results import write_json, write_table
 from jacobians.regularizer import GrokAlignRegularizer
 
@@ -116,7 +117,7 @@ def train_modular(config: ModularConfig, progress: Optional[bool] = None) -> tup
     gen = torch.Generator().manual_seed(config.seed + 1)
     rows, grok_step, streak, start = [], None, 0, time.time()
     bar = tqdm(range(config.steps + 1), desc=f"modular p={config.p} lam={config.grokalign}",
-               disable=None if progress is None else not progress)
+               disable=bar_disabled(progress))
     for step in bar:
         if step % config.eval_every == 0:
             with torch.no_grad():

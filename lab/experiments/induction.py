@@ -35,6 +35,7 @@ from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
 from circuits.pairs import Pairs, make_pairs
 from circuits.path_patching import PathPatching
+from interp.progress import bar_disabled
 from interp.results import save_table
 from lab.world.tokenizer import build_tokenizer
 
@@ -122,7 +123,7 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     ids = _ids(tok, config.vocab)
     log, start = [], time.time()
     model.train()
-    bar = tqdm(range(config.steps), desc="induction model", disable=None if progress is None else not progress)
+    bar = tqdm(range(config.steps), desc="induction model", disable=bar_disabled(progress))
     for step in bar:
         x, predictable = training_batch(config, ids, gen, tok.eos_token_id)
         for g in opt.param_groups:

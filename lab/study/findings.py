@@ -38,7 +38,7 @@ METHODS = """## How to read these numbers
   distribution of the evaluated subjects: 0 for every guess blind to the subject (uniform,
   prior-matched, always the majority answer), 1 for perfect. Raw accuracies rise as answers get
   fewer or more lopsided whatever the model knows, so their correlation across relations is
-  partly chance levels correlating with themselves (`lab/study/chance.py`).
+  partly chance levels correlating with themselves (`probes/chance.py`).
 - **Monte-Carlo p.** The headline p-value ranks the observed statistic among 2,000 simulated
   studies of the same design (relations, held-out sets, readability values, the fine-tuned
   model's label preferences) in which nothing generalizes beyond chance. It is exact under that

@@ -6,7 +6,7 @@ For every relation:
 1. **Readability**: a probe sweep on the *pretrained* model, from the subject's last-token state
    at every layer to the original answer (:class:`probes.ProbeSweep`, stratified k-fold, control
    task). Reported at the best layer (highest kappa) and at a fixed middle layer, raw and as
-   Cohen's kappa of the cross-validated predictions (:mod:`lab.study.chance`: chance measured
+   Cohen's kappa of the cross-validated predictions (:mod:`probes.chance`: chance measured
    against the empirical answer distribution, so a probe that learns the prior scores 0).
 2. **Pretrained accuracy** on the original relation: the model's top answer among the relation's
    answers (full-sequence scores, :mod:`interp.scoring`), and its own top-k answers per subject.
@@ -48,13 +48,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from interp.models import Model, load_model
+from interp.progress import bar_disabled
 from interp.relations import Relation, RelationError
 from interp.results import write_json, write_table
 from lab.executors import SerialExecutor, executor_for
 from lab.world.vocab import LABELS
 from probes import ProbeSweep
+from probes.chance import chance_levels, expected_agreement, kappa
+from probes.readability import best_layers, readability_by_layer
 
-from .chance import chance_levels, expected_agreement, kappa
 from .design import finetune_budget, make_design, per_answer
 from .finetune import FinetuneConfig, finetune
 from .summary import summarize
@@ -221,7 +223,7 @@ class Study:
             df["model_top_answers"] = df["model_top_answers"].map(json.loads)
             return df
         rows = []
-        for r in tqdm(self.relations.values(), desc="pretrained answers", disable=self._quiet()):
+        for r in tqdm(self.relations.values(), desc="pretrained answers", disable=bar_disabled(self.progress)):
             answers = r.answer_set
             scores = self.model.logprobs([p.text for p in r.prompts()], answers)
             top = scores.argsort(-1, descending=True)  # every answer ranked (see _readability)
@@ -297,9 +299,6 @@ class Study:
         del tuned
         return result
 
-    def _quiet(self):
-        return None if self.progress is None else not self.progress
-
     # the whole study ---------------------------------------------------------------------------
     def validate(self) -> list[str]:
         """Check every input before any work (raises :class:`StudyConfigError` listing all
@@ -369,31 +368,6 @@ def wrong_top(ranked: Sequence[str], answer: str, k: int, kept: Optional[set] = 
     """The first ``k`` answers of a ranking with the true ``answer`` (and answers not in ``kept``)
     removed."""
     return [a for a in ranked if a != answer and (kept is None or a in kept)][:k]
-
-
-def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataFrame:
-    """One row per (relation, layer): mean probe accuracy over folds, Cohen's kappa of the pooled
-    cross-validated predictions, the three chance levels of the probed subjects, the shuffled-label
-    control's accuracy and the selectivity."""
-    mean = table.groupby(["relation", "layer"])[["accuracy", "control_accuracy", "selectivity"]].mean()
-    rows = []
-    first_seed = readout.seed.min()
-    for (rel, layer), g in readout[readout.seed == first_seed].groupby(["relation", "layer"], sort=False):
-        levels = chance_levels(list(g.answer))
-        m = mean.loc[(rel, layer)]
-        rows.append({"relation": rel, "layer": int(layer), "accuracy": float(m.accuracy), "kappa": kappa(list(g.answer), list(g.predicted)),
-                     "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
-                     "control_accuracy": float(m.control_accuracy), "selectivity": float(m.selectivity), "n_subjects": len(g)})
-    return pd.DataFrame(rows)
-
-
-def best_layers(layers: pd.DataFrame) -> dict[str, int]:
-    """Each relation's best layer: the highest probe kappa (the lowest layer on ties)."""
-    out = {}
-    for rel, g in layers.groupby("relation", sort=False):
-        g = g.sort_values("layer")
-        out[rel] = int(g.layer.iloc[int(np.nanargmax(g.kappa.to_numpy()))]) if g.kappa.notna().any() else int(g.layer.iloc[0])
-    return out
 
 
 def _differences(old: dict, new: dict) -> list[str]:

@@ -2,7 +2,7 @@
 back-mapping, figures, report.
 
 The headline is chance-free: Pearson r of best-layer readability *kappa* with generalization
-*kappa* (:mod:`lab.study.chance`). The raw-accuracy r is kept as a secondary line: raw
+*kappa* (:mod:`probes.chance`). The raw-accuracy r is kept as a secondary line: raw
 accuracies share chance levels (both rise as answers get fewer or more lopsided), so it is
 inflated, by how much the null-calibration table shows.
 """

@@ -4,8 +4,9 @@
   (``World.query``: the prompt exactly as the corpus writes the fact);
 - **readability**: 5-fold cross-validated accuracy of a multinomial logistic probe from the
   subject's last-token residual stream (``blocks.{l}.hook_resid_post``) to the answer, for every
-  layer (:class:`probes.ProbeSweep`); the best layer is reported, with chance = 1 / #answers and
-  selectivity against a shuffled-label control.
+  layer (:class:`probes.ProbeSweep`), at the relation's best layer as :mod:`probes.readability`
+  defines it (the highest kappa), with its kappa, chance = 1 / #answers and selectivity against a
+  shuffled-label control.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pandas as pd
 import torch
 
 from interp.models import Model
-from probes import ProbeSweep
+from probes import ProbeSweep, readability_by_layer
+from probes import readability as best_readability
 
 from .relations import from_world
 from .world import World
@@ -39,26 +41,25 @@ def recall(model: Model, world: World, relations=None, subjects=None, batch_size
 
 
 def readability(model: Model, world: World, folds: int = 5, seed: int = 0, C: float = 1.0) -> pd.DataFrame:
-    """Per (relation, layer): cross-validated probe accuracy of the answer at the subject's last
-    token (a :class:`probes.ProbeSweep`, mean over folds), with chance and selectivity."""
-
-
+    """Per (relation, layer): :func:`probes.readability_by_layer` of a :class:`probes.ProbeSweep`
+    at the subject's last token, plus ``chance`` = 1 / #answers."""
     sweep = ProbeSweep(folds=folds, seeds=(seed,), C=C, batch_size=256)
     table = sweep.run(model, from_world(world), model_name=model.name)
-    return table.groupby(["relation", "layer"], as_index=False)[["accuracy", "chance", "selectivity"]].mean()
+    layers = readability_by_layer(table, sweep.readout_)
+    return layers.merge(table.groupby(["relation", "layer"], as_index=False)["chance"].mean(), on=["relation", "layer"])
 
 
 def knowledge_report(model: Model, world: World) -> pd.DataFrame:
     """One row per relation: its writing knobs, recall, best-layer readability and chance."""
     rec = recall(model, world).groupby("relation")["correct"].mean()
-    read = readability(model, world)
-    best = read.loc[read.groupby("relation")["accuracy"].idxmax()].set_index("relation")
+    best = best_readability(readability(model, world)).set_index("relation")
     rows = []
     for r in world.spec.relations:
         rows.append({
             "relation": r.name, "n_answers": r.n_answers, "templates": r.templates, "mentions": r.mentions,
             "augment": r.augment, "bio": r.bio, "recall": rec[r.name],
-            "readability": best.loc[r.name, "accuracy"], "best_layer": int(best.loc[r.name, "layer"]),
+            "readability": best.loc[r.name, "accuracy"], "readability_kappa": best.loc[r.name, "kappa"],
+            "best_layer": int(best.loc[r.name, "layer"]),
             "chance": best.loc[r.name, "chance"], "selectivity": best.loc[r.name, "selectivity"],
         })
     return pd.DataFrame(rows)

@@ -26,6 +26,8 @@ from typing import Optional
 import torch
 from tqdm.auto import tqdm
 
+from interp.progress import bar_disabled
+
 from .spec import WorldSpec
 from .tokenizer import build_tokenizer
 from .world import World
@@ -122,7 +124,7 @@ def train_world_model(
     cursor, epoch = 0, 0
     log = []
     start = time.time()
-    bar = tqdm(range(config.steps), desc="pretrain", disable=None if progress is None else not progress)
+    bar = tqdm(range(config.steps), desc="pretrain", disable=bar_disabled(progress))
     for step in bar:
         if cursor + config.batch_size > len(rows):
             rows, cursor, epoch = epoch_rows(), 0, epoch + 1

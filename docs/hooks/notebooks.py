@@ -6,7 +6,8 @@ files as ``tutorials/<name>.ipynb`` (before mkdocs-jupyter converts notebooks, h
 priority), so the nav can list them and pages can link to them.
 
 Pages under ``docs/`` link to a notebook the way GitHub resolves it, ``../tutorials/<name>.ipynb``;
-the hook rewrites such links to the notebook's place in the site, so one link works in both.
+the hook rewrites such links to the notebook's place in the site, so one link works in both. The
+same goes the other way: a notebook's link to ``../docs/<page>.md`` becomes that page's URL.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mkdocs.structure.files import File
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TUTORIALS = os.path.join(ROOT, "tutorials")
 LINK = re.compile(r"\]\(([^)\s#]+\.ipynb)(#[^)\s]*)?\)")
+DOCS_HREF = re.compile(r'href="\.\./docs/([^"#]+\.md)(#[^"]*)?"')
 
 
 @event_priority(100)  # before mkdocs-jupyter's on_files (priority 0) wraps the notebooks
@@ -31,6 +33,8 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
+    if page.file.abs_src_path is None:
+        return markdown
     page_dir = os.path.dirname(page.file.abs_src_path)
     page_uri_dir = posixpath.dirname(page.file.src_uri)
 
@@ -45,3 +49,16 @@ def on_page_markdown(markdown, page, config, files):
         return f"]({site_target}{anchor})"
 
     return LINK.sub(rewrite, markdown)
+
+
+def on_page_content(html, page, config, files):
+    if not (page.file.src_uri.startswith("tutorials/") and page.file.src_uri.endswith(".ipynb")):
+        return html
+
+    def rewrite(match):
+        target = files.get_file_from_path(match.group(1))
+        if target is None:
+            return match.group(0)
+        return f'href="{target.url_relative_to(page.file)}{match.group(2) or ""}"'
+
+    return DOCS_HREF.sub(rewrite, html)

@@ -1,0 +1,51 @@
+"""Readability: how linearly decodable a relation's answer is, per layer and at its best layer.
+
+The one definition every part of the toolkit uses (the study, the world report, the figures).
+From a :class:`~probes.ProbeSweep` run (its table, one row per relation x site x fold x seed, and
+its ``readout_``, every test subject's cross-validated prediction):
+
+- :func:`readability_by_layer`: one row per (relation, layer): mean probe accuracy over folds,
+  Cohen's kappa of the pooled cross-validated predictions (chance-corrected, :mod:`probes.chance`),
+  the three chance levels of the probed subjects, the shuffled-label control's accuracy and the
+  selectivity;
+- :func:`best_layers`: each relation's best layer, the highest kappa (lowest layer on ties);
+- :func:`readability`: one row per relation at its best layer, the relation's *readability*.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .chance import chance_levels, kappa
+
+
+def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataFrame:
+    """One row per (relation, layer): mean probe accuracy over folds, Cohen's kappa of the pooled
+    cross-validated predictions, the three chance levels of the probed subjects, the shuffled-label
+    control's accuracy and the selectivity."""
+    mean = table.groupby(["relation", "layer"])[["accuracy", "control_accuracy", "selectivity"]].mean()
+    rows = []
+    first_seed = readout.seed.min()
+    for (rel, layer), g in readout[readout.seed == first_seed].groupby(["relation", "layer"], sort=False):
+        levels = chance_levels(list(g.answer))
+        m = mean.loc[(rel, layer)]
+        rows.append({"relation": rel, "layer": int(layer), "accuracy": float(m.accuracy), "kappa": kappa(list(g.answer), list(g.predicted)),
+                     "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
+                     "control_accuracy": float(m.control_accuracy), "selectivity": float(m.selectivity), "n_subjects": len(g)})
+    return pd.DataFrame(rows)
+
+
+def best_layers(layers: pd.DataFrame) -> dict[str, int]:
+    """Each relation's best layer: the highest probe kappa (the lowest layer on ties)."""
+    out = {}
+    for rel, g in layers.groupby("relation", sort=False):
+        g = g.sort_values("layer")
+        out[rel] = int(g.layer.iloc[int(np.nanargmax(g.kappa.to_numpy()))]) if g.kappa.notna().any() else int(g.layer.iloc[0])
+    return out
+
+
+def readability(layers: pd.DataFrame) -> pd.DataFrame:
+    """One row per relation: its :func:`readability_by_layer` row at its :func:`best_layers` layer."""
+    best = best_layers(layers)
+    rows = [layers[(layers.relation == rel) & (layers.layer == layer)].iloc[0] for rel, layer in best.items()]
+    return pd.DataFrame(rows).reset_index(drop=True)
