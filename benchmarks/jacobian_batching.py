@@ -29,10 +29,9 @@ def main() -> None:
     import torch
 
     import interp
-    from lab.world import from_world
-    from lab.world import load_world
     from jacobians import jacobian
     from jacobians.jacobian import _positions, forward_with_input
+    from lab.world import from_world, load_world
 
     torch.set_num_threads(2)
     model = interp.load_model("world", backend=args.backend)

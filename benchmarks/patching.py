@@ -39,6 +39,7 @@ def main() -> None:
 
     import numpy as np
     import torch
+    from naive_patching import naive_path_patch
     from scipy.stats import pearsonr, spearmanr
     from transformer_lens import patching
 
@@ -47,9 +48,7 @@ def main() -> None:
     from circuits.components import parse_receivers
     from circuits.metrics import as_metric
     from lab.experiments.relation_circuit import relation_pairs
-    from lab.world import from_world
-    from lab.world import load_world
-    from naive_patching import naive_path_patch
+    from lab.world import from_world, load_world
 
     torch.set_num_threads(2)
     model = interp.load_model("world", backend=args.backend)
@@ -66,7 +65,7 @@ def main() -> None:
     pp.run(pairs[:2])  # warm-up
     batched, t_batched = timed(lambda: pp.run(pairs))
     metric = as_metric("logit_diff")
-    nodes = {s.name: s for s in pp.senders}
+    nodes = {s.name: s for s in pp.senders_}
 
     def naive():
         return [naive_path_patch(model, pairs, metric, nodes[r.sender], parse_receivers(model, [r.receiver])[0], "frozen")

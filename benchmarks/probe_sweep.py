@@ -29,8 +29,7 @@ def main() -> None:
     from sklearn.preprocessing import StandardScaler
 
     import interp
-    from lab.world import from_world
-    from lab.world import load_world
+    from lab.world import from_world, load_world
     from probes import ProbeSweep
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

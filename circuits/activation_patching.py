@@ -21,6 +21,8 @@ TransformerLens' ``patching.get_act_patch_*`` functions (tested).
 """
 from __future__ import annotations
 
+import difflib
+
 from typing import Optional, Sequence
 
 import pandas as pd
@@ -65,36 +67,40 @@ class ActivationPatching:
                  direction: str = "clean_into_corrupted", layers: Optional[Sequence[int]] = None,
                  positions: Optional[Sequence[int]] = None, batch_size: int = 256, progress: Optional[bool] = None):
         self.model = model
-        self.metric = as_metric(metric)
-        if isinstance(sites, str):
-            sites = [sites]
-        for s in sites:
-            if s not in PATCHABLE:
-                import difflib
-
-                near = difflib.get_close_matches(s, PATCHABLE, n=2, cutoff=0.4)
-                raise ValueError(f"cannot patch site kind {s!r}; choose from {list(PATCHABLE)}"
-                                 + (f" (did you mean {near[0]!r}?)" if near else ""))
-            missing = [site(s, 0)] if site(s, 0) not in model.sites else []
-            if missing:
-                raise ValueError(f"this model has no {s!r} site ({SHORT_KINDS[s]}); e.g. blocks with parallel attention "
-                                 "and MLP have no resid_mid")
-        self.sites = list(sites)
+        self.metric = metric
+        self.sites = sites
         self.by_position = by_position
         self.direction = direction
-        self.target, self.source = resolve_direction(direction)
-        self.layers = list(range(model.n_layers)) if layers is None else list(layers)
-        bad = [lyr for lyr in self.layers if not 0 <= lyr < model.n_layers]
-        if bad:
-            raise ValueError(f"layers {bad} out of range: the model has layers 0..{model.n_layers - 1}")
-        self.positions = None if positions is None else list(positions)
+        self.layers = layers
+        self.positions = positions
         self.batch_size = batch_size
         self.progress = progress
 
+    def _validate(self) -> None:
+        """Check the configuration against the model; derived state ends in ``_``."""
+        model = self.model
+        self.metric_ = as_metric(self.metric)
+        sites = [self.sites] if isinstance(self.sites, str) else list(self.sites)
+        for s in sites:
+            if s not in PATCHABLE:
+                near = difflib.get_close_matches(s, PATCHABLE, n=2, cutoff=0.4)
+                raise ValueError(f"cannot patch site kind {s!r}; choose from {list(PATCHABLE)}"
+                                 + (f" (did you mean {near[0]!r}?)" if near else ""))
+            if site(s, 0) not in model.sites:
+                raise ValueError(f"this model has no {s!r} site ({SHORT_KINDS[s]}); e.g. blocks with parallel attention "
+                                 "and MLP have no resid_mid")
+        self.sites_ = sites
+        self.target_, self.source_ = resolve_direction(self.direction)
+        self.layers_ = list(range(model.n_layers)) if self.layers is None else list(self.layers)
+        bad = [lyr for lyr in self.layers_ if not 0 <= lyr < model.n_layers]
+        if bad:
+            raise ValueError(f"layers {bad} out of range: the model has layers 0..{model.n_layers - 1}")
+        self.positions_ = None if self.positions is None else list(self.positions)
+
     def _cells(self, kind: str, n_pos: int, n_heads_at: dict[int, int]) -> list[tuple]:
-        positions = self.positions if self.positions is not None else list(range(n_pos))
+        positions = self.positions_ if self.positions_ is not None else list(range(n_pos))
         cells = []
-        for layer in self.layers:
+        for layer in self.layers_:
             heads = range(n_heads_at[layer]) if kind in HEAD_KINDS else [None]
             for head in heads:
                 for pos in (positions if self.by_position else [None]):
@@ -103,21 +109,22 @@ class ActivationPatching:
 
     def run(self, pairs: Pairs) -> pd.DataFrame:
         """Score every cell, averaged over all pairs; a tidy DataFrame with one row per cell."""
-        pairs = prepare(self.model, pairs, self.metric)
+        self._validate()
+        pairs = prepare(self.model, pairs, self.metric_)
         target_score = source_score = 0.0
         sums: dict[tuple, float] = {}
         n_total = len(pairs)
         parts = list(pairs.batches(self.batch_size))
-        bar = tqdm(total=len(parts) * len(self.sites), desc="activation patching",
+        bar = tqdm(total=len(parts) * len(self.sites_), desc="activation patching",
                    disable=bar_disabled(self.progress))
         for part in parts:
-            target, source = batch_of(part, self.target), batch_of(part, self.source)
-            target_score += float(metric_of(self.model, target, part, self.metric).sum())
-            source_score += float(metric_of(self.model, source, part, self.metric).sum())
-            for kind in self.sites:
-                names = {layer: site(kind, layer) for layer in self.layers}
+            target, source = batch_of(part, self.target_), batch_of(part, self.source_)
+            target_score += float(metric_of(self.model, target, part, self.metric_).sum())
+            source_score += float(metric_of(self.model, source, part, self.metric_).sum())
+            for kind in self.sites_:
+                names = {layer: site(kind, layer) for layer in self.layers_}
                 src = cache(self.model, source, list(names.values()))
-                n_heads_at = {layer: src[names[layer]].shape[2] if kind in HEAD_KINDS else 1 for layer in self.layers}
+                n_heads_at = {layer: src[names[layer]].shape[2] if kind in HEAD_KINDS else 1 for layer in self.layers_}
                 cells = self._cells(kind, part.n_pos, n_heads_at)
                 k_max = chunk_size(self.batch_size, len(part))
                 for i in range(0, len(cells), k_max):
@@ -140,10 +147,10 @@ class ActivationPatching:
         df = pd.DataFrame(rows)
         for col in ("head", "position"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric.name, direction=self.direction, n_pairs=n_total,
+        df.attrs.update(metric=self.metric_.name, direction=self.direction, n_pairs=n_total,
                         target_score=target_score, source_score=source_score,
-                        clean_score=target_score if self.target == "clean" else source_score,
-                        corrupted_score=source_score if self.target == "clean" else target_score)
+                        clean_score=target_score if self.target_ == "clean" else source_score,
+                        corrupted_score=source_score if self.target_ == "clean" else target_score)
         return df
 
     @torch.no_grad()
@@ -174,4 +181,4 @@ class ActivationPatching:
 
             hooks[name] = hook
         logits = self.model.run(tile_batch(target, k), hooks)
-        return blocks(logits, part, self.metric, k)
+        return blocks(logits, part, self.metric_, k)

@@ -68,18 +68,24 @@ class AttributionPatching:
                  direction: str = "clean_into_corrupted", nodes: Optional[Sequence] = None,
                  receivers: Optional[Sequence] = None, by_position: bool = False, batch_size: int = 64,
                  progress: Optional[bool] = None):
-        if ig_steps is not None and (not isinstance(ig_steps, int) or ig_steps < 1):
-            raise ValueError(f"ig_steps must be None or a positive integer, got {ig_steps!r}")
         self.model = model
-        self.metric = as_metric(metric)
+        self.metric = metric
         self.ig_steps = ig_steps
         self.direction = direction
-        self.target, self.source = resolve_direction(direction)
-        self.node_list = parse_nodes(model, nodes)
-        self.receiver_list = parse_receivers(model, receivers)
+        self.nodes_spec = nodes
+        self.receivers = receivers
         self.by_position = by_position
         self.batch_size = batch_size
         self.progress = progress
+
+    def _validate(self) -> None:
+        """Check the configuration against the model; derived state ends in ``_``."""
+        if self.ig_steps is not None and (not isinstance(self.ig_steps, int) or self.ig_steps < 1):
+            raise ValueError(f"ig_steps must be None or a positive integer, got {self.ig_steps!r}")
+        self.metric_ = as_metric(self.metric)
+        self.target_, self.source_ = resolve_direction(self.direction)
+        self.nodes_ = parse_nodes(self.model, self.nodes_spec)
+        self.receivers_ = parse_receivers(self.model, self.receivers)
 
     @property
     def alphas(self) -> list[float]:
@@ -118,9 +124,9 @@ class AttributionPatching:
             hooks[embed_name] = self._embed_hook(src_embed, alpha)
         with torch.enable_grad():
             logits = self.model.run(target, hooks)
-            value = self.metric.reduce(logits, part).sum()
+            value = self.metric_.reduce(logits, part).sum()
             if not value.requires_grad:
-                raise ValueError(f"metric {self.metric.name!r} is not differentiable with respect to the logits "
+                raise ValueError(f"metric {self.metric_.name!r} is not differentiable with respect to the logits "
                                  "(did it call .item(), argmax or detach?); attribution patching needs its gradient")
             names = list(leaves)
             grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True)
@@ -129,12 +135,13 @@ class AttributionPatching:
     # node scores -------------------------------------------------------------------------------
     def nodes(self, pairs: Pairs) -> pd.DataFrame:
         """AtP (or AtP-IG) score of every node, averaged over pairs."""
-        pairs = prepare(self.model, pairs, self.metric)
-        sites = sorted({node_site(n) for n in self.node_list} | {site("embed")}, key=_order)
+        self._validate()
+        pairs = prepare(self.model, pairs, self.metric_)
+        sites = sorted({node_site(n) for n in self.nodes_} | {site("embed")}, key=_order)
         totals: dict[str, Tensor] = {}
         bar = tqdm(total=len(pairs), desc="attribution (nodes)", disable=bar_disabled(self.progress))
         for part in pairs.batches(self.batch_size):
-            target, source = batch_of(part, self.target), batch_of(part, self.source)
+            target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             tgt, src = cache(self.model, target, sites), cache(self.model, source, sites)
             grad = self._mean_grads(part, target, src[site("embed")], sites)
             for s in sites:
@@ -145,7 +152,7 @@ class AttributionPatching:
         bar.close()
         n = len(pairs)
         rows = []
-        for node in self.node_list:
+        for node in self.nodes_:
             t = totals[node_site(node)] / n
             vals = t[:, node.head] if node.kind == "head" else t
             if self.by_position:
@@ -155,7 +162,7 @@ class AttributionPatching:
         df = pd.DataFrame(rows)
         for col in ("head", "position"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=n)
+        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=n)
         return df
 
     def _mean_grads(self, part, target, src_embed, sites) -> dict[str, Tensor]:
@@ -169,17 +176,18 @@ class AttributionPatching:
     # edge scores -------------------------------------------------------------------------------
     def edges(self, pairs: Pairs) -> pd.DataFrame:
         """EAP (or EAP-IG) score of every (sender node, receiver) edge, averaged over pairs."""
+        self._validate()
         model = self.model
-        pairs = prepare(model, pairs, self.metric)
-        senders = self.node_list
-        receivers = self.receiver_list
+        pairs = prepare(model, pairs, self.metric_)
+        senders = self.nodes_
+        receivers = self.receivers_
         node_sites = sorted({node_site(n) for n in senders} | {site("embed")}, key=_order)
         rec_sites = sorted({receiver_site(model, r) for r in receivers}, key=_order)
         w_o = {layer: model.head_output_weights(layer) for layer in {s.layer for s in senders if s.kind == "head"}}
         scores = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
         bar = tqdm(total=len(pairs), desc="attribution (edges)", disable=bar_disabled(self.progress))
         for part in pairs.batches(self.batch_size):
-            target, source = batch_of(part, self.target), batch_of(part, self.source)
+            target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             tgt, src = cache(model, target, node_sites), cache(model, source, node_sites)
             writes = torch.stack([self._write_delta(s, src, tgt, w_o) for s in senders])  # [S, n, pos, d]
             r_in = torch.zeros((len(receivers),) + tuple(writes.shape[1:]), dtype=writes.dtype)
@@ -202,7 +210,7 @@ class AttributionPatching:
         df = pd.DataFrame(rows)
         for col in ("sender_head", "receiver_head"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=len(pairs))
+        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=len(pairs))
         return df
 
     @staticmethod

@@ -95,48 +95,56 @@ class PathPatching:
                  receivers: Sequence = ("logits",), mlps: str = "frozen", direction: str = "corrupted_into_clean",
                  sender_positions: Optional[Sequence[int]] = None, joint_receivers: bool = False,
                  batch_size: int = 256, progress: Optional[bool] = None):
-        if mlps not in ("frozen", "recomputed"):
-            raise ValueError(f"mlps must be 'frozen' or 'recomputed', got {mlps!r}")
         self.model = model
-        self.metric = as_metric(metric)
-        self.senders = parse_nodes(model, senders)
-        self.receivers = parse_receivers(model, receivers)
-        if not self.receivers:
-            raise ValueError("no receivers given")
+        self.metric = metric
+        self.senders = senders
+        self.receivers = receivers
         self.mlps = mlps
         self.direction = direction
-        self.target, self.source = resolve_direction(direction)
-        self.sender_positions = None if sender_positions is None else list(sender_positions)
-        self.joint = joint_receivers
-        self.groups = [tuple(self.receivers)] if joint_receivers else [(r,) for r in self.receivers]
+        self.sender_positions = sender_positions
+        self.joint_receivers = joint_receivers
         self.batch_size = batch_size
         self.progress = progress
-        self._has_mlp = any(s.endswith("hook_mlp_out") for s in model.sites)
+
+    def _validate(self) -> None:
+        """Check the configuration against the model; derived state ends in ``_``."""
+        if self.mlps not in ("frozen", "recomputed"):
+            raise ValueError(f"mlps must be 'frozen' or 'recomputed', got {self.mlps!r}")
+        self.metric_ = as_metric(self.metric)
+        self.senders_ = parse_nodes(self.model, self.senders)
+        self.receivers_ = parse_receivers(self.model, self.receivers)
+        if not self.receivers_:
+            raise ValueError("no receivers given")
+        self.target_, self.source_ = resolve_direction(self.direction)
+        self.sender_positions_ = None if self.sender_positions is None else list(self.sender_positions)
+        self.groups_ = [tuple(self.receivers_)] if self.joint_receivers else [(r,) for r in self.receivers_]
+        self.has_mlp_ = any(s.endswith("hook_mlp_out") for s in self.model.sites)
 
     # ------------------------------------------------------------------------------------------
     def run(self, pairs: Pairs) -> pd.DataFrame:
-        pairs = prepare(self.model, pairs, self.metric)
+        self._validate()
+        pairs = prepare(self.model, pairs, self.metric_)
         n_total = len(pairs)
-        edges = [(s, g) for s in self.senders for g in self.groups if any(reaches(self.model, s, r) for r in g)]
+        edges = [(s, g) for s in self.senders_ for g in self.groups_ if any(reaches(self.model, s, r) for r in g)]
         if not edges:
             raise ValueError("no sender writes before any receiver reads: choose senders in earlier layers than the receivers")
         sums = {e: 0.0 for e in edges}
         target_score = source_score = 0.0
         parts = list(pairs.batches(self.batch_size))
-        senders = [s for s in self.senders if any(e[0] == s for e in edges)]
+        senders = [s for s in self.senders_ if any(e[0] == s for e in edges)]
         bar = tqdm(total=len(parts) * len(senders), desc="path patching",
                    disable=bar_disabled(self.progress))
         for part in parts:
-            target, source = batch_of(part, self.target), batch_of(part, self.source)
-            target_score += float(metric_of(self.model, target, part, self.metric).sum())
-            source_score += float(metric_of(self.model, source, part, self.metric).sum())
+            target, source = batch_of(part, self.target_), batch_of(part, self.source_)
+            target_score += float(metric_of(self.model, target, part, self.metric_).sum())
+            source_score += float(metric_of(self.model, source, part, self.metric_).sum())
             names = self._frozen_sites()
             tgt, src = cache(self.model, target, names), cache(self.model, source, names)
             k_max = chunk_size(self.batch_size, len(part))
             for i in range(0, len(senders), k_max):
                 chunk = senders[i : i + k_max]
                 recorded = self._step2(part, target, tgt, src, chunk)
-                rows = [(k, g) for k, s in enumerate(chunk) for g in self.groups if (s, g) in sums]
+                rows = [(k, g) for k, s in enumerate(chunk) for g in self.groups_ if (s, g) in sums]
                 for j in range(0, len(rows), k_max):
                     sub = rows[j : j + k_max]
                     scores = self._step3(part, target, recorded, sub, len(chunk))
@@ -152,34 +160,34 @@ class PathPatching:
             score = total / n_total
             r = g[0]
             out.append({
-                "sender": s.name, "receiver": "+".join(x.name for x in g) if self.joint else r.name,
+                "sender": s.name, "receiver": "+".join(x.name for x in g) if self.joint_receivers else r.name,
                 "sender_layer": s.layer, "sender_head": s.head,
-                "receiver_layer": None if self.joint else r.layer, "receiver_head": None if self.joint else r.head,
-                "receiver_input": None if self.joint else (r.input if r.kind == "head" else r.kind),
+                "receiver_layer": None if self.joint_receivers else r.layer, "receiver_head": None if self.joint_receivers else r.head,
+                "receiver_input": None if self.joint_receivers else (r.input if r.kind == "head" else r.kind),
                 "score": score, "normalized": (score - target_score) / span if span != 0 else float("nan"),
             })
         df = pd.DataFrame(out)
         for col in ("sender_head", "receiver_layer", "receiver_head"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric.name, direction=self.direction, mlps=self.mlps, n_pairs=n_total,
+        df.attrs.update(metric=self.metric_.name, direction=self.direction, mlps=self.mlps, n_pairs=n_total,
                         target_score=target_score, source_score=source_score)
         return df
 
     # ------------------------------------------------------------------------------------------
     def _frozen_sites(self) -> list[str]:
         names = [site("z", layer) for layer in range(self.model.n_layers)]
-        if self._has_mlp:
+        if self.has_mlp_:
             names += [site("mlp_out", layer) for layer in range(self.model.n_layers)]
-        if any(s.kind == "embed" for s in self.senders):
+        if any(s.kind == "embed" for s in self.senders_):
             names.append(site("embed"))
         return names
 
     def _pos_mask(self, n_pos: int) -> Tensor:
         m = torch.zeros(n_pos, dtype=torch.bool)
-        if self.sender_positions is None:
+        if self.sender_positions_ is None:
             m[:] = True
         else:
-            m[self.sender_positions] = True
+            m[self.sender_positions_] = True
         return m
 
     @torch.no_grad()
@@ -188,7 +196,7 @@ class PathPatching:
         every receiver site. Returns site -> ``[K * n, ...]``."""
         k, n, model = len(chunk), len(part), self.model
         pos = self._pos_mask(part.n_pos)
-        want = {receiver_site(model, r) for g in self.groups for r in g}
+        want = {receiver_site(model, r) for g in self.groups_ for r in g}
         recorded: dict[str, Tensor] = {}
 
         def rows(mask_k: Tensor, act: Tensor) -> Tensor:
@@ -215,7 +223,7 @@ class PathPatching:
                 return torch.where(m, tiled(src[name], act), tiled(tgt[name], act))
 
             hooks[name] = z_hook
-            if self._has_mlp:
+            if self.has_mlp_:
                 name = site("mlp_out", layer)
                 is_sender = torch.tensor([s.kind == "mlp" and s.layer == layer for s in chunk])
 
@@ -269,4 +277,4 @@ class PathPatching:
 
             hooks[name] = hook
         logits = model.run(tile_batch(target, r_count), hooks)
-        return blocks(logits, part, self.metric, r_count)
+        return blocks(logits, part, self.metric_, r_count)

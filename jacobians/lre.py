@@ -91,13 +91,16 @@ class LinearRelationalEmbedding:
 
     def __init__(self, model, layer: int, beta: float = 1.0, rank: Optional[int] = None, n_train: int = 5,
                  icl: bool = True, causality_rank: Optional[int] = None, batch_size: int = 16):
-        if not 0 <= layer < model.n_layers - 1:
-            raise ValueError(f"layer must be in 0..{model.n_layers - 2} (the output is the last block, "
-                             f"layer {model.n_layers - 1}); got {layer}")
         self.model, self.layer, self.beta, self.rank = model, layer, beta, rank
         self.n_train, self.icl, self.causality_rank, self.batch_size = n_train, icl, causality_rank, batch_size
-        self.s_site = site_name("resid_post", layer)
-        self.o_site = site_name("resid_post", model.n_layers - 1)
+
+    def _validate(self) -> None:
+        """Check the configuration against the model; the sites read end in ``_``."""
+        n = self.model.n_layers
+        if not 0 <= self.layer < n - 1:
+            raise ValueError(f"layer must be in 0..{n - 2} (the output is the last block, layer {n - 1}); got {self.layer}")
+        self.s_site_ = site_name("resid_post", self.layer)
+        self.o_site_ = site_name("resid_post", n - 1)
 
     # prompts ------------------------------------------------------------------------------------
     def _prompts(self, relation, idx: Sequence[int], context: Sequence[int]) -> list[Prompt]:
@@ -123,17 +126,21 @@ class LinearRelationalEmbedding:
             yield batch, spos, lpos
 
     # fitting ------------------------------------------------------------------------------------
-    def fit(self, relation, train: Sequence[int]) -> LRE:
+    def fit(self, relation, train: Sequence[int]) -> "LinearRelationalEmbedding":
+        """Estimate the LRE from the subjects ``train`` of ``relation``: the fitted operator is
+        ``lre_`` (an :class:`LRE`); returns ``self``."""
+        self._validate()
         prompts = self._prompts(relation, train, train)
         Ws, bs = [], []
         for batch, spos, lpos in self._states(prompts):
-            s, o = forward_with_input(self.model, batch, self.s_site, self.o_site, spos, lpos)
+            s, o = forward_with_input(self.model, batch, self.s_site_, self.o_site_, spos, lpos)
             J = jacobian_of(o, s)
             Ws.append(J.detach())
             bs.append((o - torch.einsum("noi,ni->no", J, s)).detach())
         W = torch.cat(Ws).mean(0)
         b = torch.cat(bs).mean(0)
-        return LRE(W.double(), b.double(), self.layer, self.beta, self.rank)
+        self.lre_ = LRE(W.double(), b.double(), self.layer, self.beta, self.rank)
+        return self
 
     # evaluation ---------------------------------------------------------------------------------
     @torch.no_grad()
@@ -146,13 +153,14 @@ class LinearRelationalEmbedding:
             new[rows, lpos] = z.to(act.dtype)
             return new
 
-        logits = self.model.run(batch, {self.o_site: put})
+        logits = self.model.run(batch, {self.o_site_: put})
         return logits[rows, lpos]
 
     def evaluate(self, relation, train: Sequence[int], test: Sequence[int], lre: Optional[LRE] = None,
                  seed: int = 0) -> pd.DataFrame:
         """One row per test subject: model's and LRE's top tokens, faithfulness and causality."""
-        lre = lre or self.fit(relation, train)
+        self._validate()
+        lre = lre or self.fit(relation, train).lre_
         prompts = self._prompts(relation, test, train)
         rows = []
         s_all, z_all, meta = [], [], []
@@ -166,9 +174,9 @@ class LinearRelationalEmbedding:
 
                     return fn
 
-                logits = self.model.run(batch, {self.s_site: keep(self.s_site), self.o_site: keep(self.o_site)})
+                logits = self.model.run(batch, {self.s_site_: keep(self.s_site_), self.o_site_: keep(self.o_site_)})
             r = torch.arange(len(lpos))
-            s = acts[self.s_site][r, spos].double()
+            s = acts[self.s_site_][r, spos].double()
             z = lre(s)
             model_top = logits[r, lpos].argmax(-1)
             lre_top = self._decode(batch, lpos, z).argmax(-1)
@@ -211,7 +219,7 @@ class LinearRelationalEmbedding:
                 return new
 
             with torch.no_grad():
-                logits = self.model.run(batch, {self.s_site: edit})
+                logits = self.model.run(batch, {self.s_site_: edit})
             top = logits[r, lpos].argmax(-1).tolist()
             for k, t, tok in zip(idx, tgt, top):
                 out.append(None if t is None else tok == self._first_token(answers[t]))

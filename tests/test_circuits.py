@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from naive_patching import naive_path_patch
 
 import interp
 from circuits import (
-    ActivationPatching, AttributionPatching, MetricError, PairLengthError, PathPatching, UnknownComponentError,
+    ActivationPatching,
+    AttributionPatching,
+    MetricError,
+    PairLengthError,
+    PathPatching,
+    UnknownComponentError,
+    all_nodes,
     make_pairs,
 )
 from circuits.components import parse_receivers
 from circuits.metrics import as_metric
-from naive_patching import naive_path_patch
 
 CLEAN = ["Paris is the capital of France", "Rome is the capital of Italy", "Tokyo is the capital of Japan"]
 CORRUPTED = ["Berlin is the capital of France", "Madrid is the capital of Italy", "Vorn is the capital of Japan"]
@@ -85,7 +91,7 @@ def test_path_patching_equals_naive_reference(model_dirs, backend, family, mlps)
     receivers = ["L1H0.q", "L1H2.k", "L1H3.v", "MLP1", "MLP0", "logits"]
     df = PathPatching(model, "logit_diff", receivers=receivers, mlps=mlps, batch_size=12, progress=False).run(pairs)
     metric = as_metric("logit_diff")
-    senders = {s.name: s for s in PathPatching(model, receivers=receivers).senders}
+    senders = {s.name: s for s in all_nodes(model)}
     assert len(df) >= 30
     for row in df.itertuples():
         ref = naive_path_patch(model, pairs, metric, senders[row.sender], parse_receivers(model, [row.receiver])[0], mlps)
@@ -218,15 +224,17 @@ def test_bad_inputs(model_dirs):
         make_pairs(model, ["Paris is the capital of France"], ["Paris is a capital"])
     with pytest.raises(ValueError, match="one corrupted prompt per clean prompt"):
         make_pairs(model, CLEAN, CORRUPTED[:2])
-    with pytest.raises(UnknownComponentError, match="L1H3"):
-        PathPatching(model, receivers=["L1H3.z"])
-    with pytest.raises(UnknownComponentError, match="L0H1"):
-        PathPatching(model, senders=["L0H01"])
-    with pytest.raises(ValueError, match="did you mean 'resid_pre'"):
-        ActivationPatching(model, sites=["resid_prev"])
-    with pytest.raises(ValueError, match="unknown metric"):
-        ActivationPatching(model, metric="logit_dif")
     pairs = _pairs(model)
+    # analyzers are configured without logic (scikit-learn's rule); the configuration is checked
+    # when they are applied, before any forward pass
+    with pytest.raises(UnknownComponentError, match="L1H3"):
+        PathPatching(model, receivers=["L1H3.z"]).run(pairs)
+    with pytest.raises(UnknownComponentError, match="L0H1"):
+        PathPatching(model, senders=["L0H01"]).run(pairs)
+    with pytest.raises(ValueError, match="did you mean 'resid_pre'"):
+        ActivationPatching(model, sites=["resid_prev"]).run(pairs)
+    with pytest.raises(ValueError, match="unknown metric"):
+        ActivationPatching(model, metric="logit_dif").run(pairs)
     with pytest.raises(MetricError, match="scalar or one value per pair"):
         ActivationPatching(model, metric=lambda logits: logits[:, -1], progress=False).run(pairs)
     with pytest.raises(ValueError, match="not differentiable"):
@@ -309,11 +317,11 @@ def test_induction_training_runs(tmp_path):
 
 @pytest.mark.slow
 def test_relation_circuit_before_and_after(tmp_path):
-    from circuits.figures import load_table, save_table, write_figures
+    from circuits.figures import write_figures
+    from interp.results import load_table, save_table
     from lab.experiments.relation_circuit import relation_circuit
-    from lab.world import from_world
     from lab.study import FinetuneConfig
-    from lab.world import load_world
+    from lab.world import from_world, load_world
 
     model = interp.load_model("world", backend="nnsight")
     (rel,) = from_world(load_world(), ["continent"])

@@ -60,9 +60,8 @@ def test_unknown_backend(model_dirs):
 
 
 def test_unmapped_architecture_says_how_to_add_one():
-    from transformers import GPTJConfig, GPTJForCausalLM
-
     from tiny_models import word_tokenizer
+    from transformers import GPTJConfig, GPTJForCausalLM
 
     hf = GPTJForCausalLM(GPTJConfig(n_layer=1, n_embd=32, n_head=4, rotary_dim=4, vocab_size=60, n_positions=32))
     with pytest.raises(UnsupportedArchitectureError, match=r"model_type='gptj'.*interp/architectures.py"):

@@ -6,8 +6,16 @@ import torch
 
 import interp
 from jacobians import (
-    GrokAlignRegularizer, JacobianError, LinearRelationalEmbedding, alignment_scores, centroid_alignment,
-    estimate_affine, jacobian, jacobian_alignment, jacobian_of, projected_norm_sq,
+    GrokAlignRegularizer,
+    JacobianError,
+    LinearRelationalEmbedding,
+    alignment_scores,
+    centroid_alignment,
+    estimate_affine,
+    jacobian,
+    jacobian_alignment,
+    jacobian_of,
+    projected_norm_sq,
 )
 from jacobians.jacobian import _positions, forward_with_input
 
@@ -161,7 +169,7 @@ def test_lre_on_a_linear_model_is_faithful_and_causal(tmp_path, backend):
     own = model.tokenizer.convert_ids_to_tokens(model.run(batch)[:, 0].argmax(-1))
     rel = Relation("identity", subjects, own, template="{}")
     lre_model = LinearRelationalEmbedding(model, layer=0, icl=False, n_train=4)
-    lre = lre_model.fit(rel, [0, 1, 2, 3])
+    lre = lre_model.fit(rel, [0, 1, 2, 3]).lre_
     torch.testing.assert_close(lre.W, torch.eye(model.d_model, dtype=lre.W.dtype), atol=1e-5, rtol=1e-5)
     assert lre.b.abs().max() < 1e-5
     table = lre_model.evaluate(rel, [0, 1, 2, 3], list(range(4, 12)))
@@ -173,8 +181,11 @@ def test_lre_on_a_linear_model_is_faithful_and_causal(tmp_path, backend):
 
 def test_lre_bad_layer(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
+    from interp.relations import Relation
+
+    rel = Relation("r", ["a", "b"], ["a", "b"], template="{}")
     with pytest.raises(ValueError, match="layer must be in"):
-        LinearRelationalEmbedding(model, layer=1)
+        LinearRelationalEmbedding(model, layer=1).fit(rel, [0, 1])
 
 
 def test_grokking_runs_resume_and_track(tmp_path):

@@ -1,9 +1,9 @@
 """Model handles: every way to load, and reading/writing sites through the same API."""
 import pytest
 import torch
+from tiny_models import build, word_tokenizer
 
 import interp
-from tiny_models import build, word_tokenizer
 
 PROMPTS = ["Vorn Kallit lives in the city of", "the capital of France is"]
 

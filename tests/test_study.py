@@ -82,15 +82,16 @@ def test_partial_correlation_removes_a_planted_confounder():
 
 
 # scoring multi-token answers ---------------------------------------------------------------------
-def test_multi_token_candidates_are_scored_by_their_full_sequence(model_dirs):
+def test_multi_token_candidates_are_scored_by_their_full_sequence(model_dirs, backend):
+    """``Model.logprobs`` (through either backend) equals a hand computation on the HF model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from interp.scoring import candidate_logprobs
+    import interp
 
     tok = AutoTokenizer.from_pretrained(model_dirs["gpt2"])
     hf = AutoModelForCausalLM.from_pretrained(model_dirs["gpt2"]).eval()
     prompts, cands = ["Mira lives in", "the capital of"], ["Paris France", "Tokyo", "Rome Italy it"]
-    got = candidate_logprobs(hf, tok, prompts, cands)
+    got = interp.load_model(model_dirs["gpt2"], backend=backend).logprobs(prompts, cands)
     for i, p in enumerate(prompts):
         for j, c in enumerate(cands):
             ids = tok(p + " " + c)["input_ids"]

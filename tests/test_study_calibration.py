@@ -7,10 +7,10 @@ from scipy import stats as sps
 from sklearn.metrics import cohen_kappa_score
 
 from lab.study.backmap import backmap_summary, backmap_table
-from probes.chance import chance_levels, kappa
 from lab.study.design import finetune_budget, per_answer
 from lab.study.null import NullDesign, calibration_table, simulate_outcomes
 from lab.study.stats import pearson, permutation_p
+from probes.chance import chance_levels, kappa
 
 
 def test_kappa_equals_sklearn_and_is_zero_for_every_blind_guess():

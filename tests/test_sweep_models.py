@@ -3,8 +3,7 @@ import pytest
 
 import interp
 from interp.relations import load_relations, lre_dir
-from lab.world import from_world
-from lab.world import load_world
+from lab.world import from_world, load_world
 from probes import ProbeSweep, plots
 
 

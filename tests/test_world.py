@@ -6,7 +6,14 @@ import torch
 
 import interp
 from lab.world import (
-    RelationSpec, TrainConfig, World, WorldSpec, WorldSpecError, build_tokenizer, default_spec, load_world,
+    RelationSpec,
+    TrainConfig,
+    World,
+    WorldSpec,
+    WorldSpecError,
+    build_tokenizer,
+    default_spec,
+    load_world,
     train_world_model,
 )
 from lab.world.report import recall

@@ -77,7 +77,7 @@ class TransformerLensBackend(Backend):
         return self._model_type
 
     def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "TransformerLensBackend":
-        bridge = copy.deepcopy(self.bridge)
+        bridge = copy.deepcopy(self.bridge, memo=_detached_caches(self.bridge))
         if lora is not None:
             add_lora(bridge, LoraSpec(lora.r, lora.alpha, tuple(self._lora_names(bridge, lora))), self._model_type)
         elif freeze_embeddings:
@@ -91,8 +91,8 @@ class TransformerLensBackend(Backend):
         q/k/v layer (GPT-2's ``c_attn``) it runs as three projections ``attn.q/k/v``, which are
         then adapted separately (three rank-r adapters where HuggingFace has one)."""
         original = getattr(bridge, "original_model", None)
-        if original is None:
-            raise ValueError("LoRA on a TransformerLens-native model (no HuggingFace layers) is not supported; "
+        if original is None or self._model_type is None:
+            raise ValueError("LoRA on a TransformerLens-native model (no HuggingFace layers to adapt) is not supported; "
                              "fine-tune it in full (lora=None)")
         wanted = set(lora.targets or lora_targets(self._model_type))
         layers = set()
@@ -151,6 +151,17 @@ def _as_tl_hook(fn: HookFn):
 
 
 _SPLIT_QKV = re.compile(r"attn\.[qkv]\._original_component$")
+
+
+def _detached_caches(bridge) -> dict[int, Tensor]:
+    """A deepcopy memo standing in detached copies for the tensors a bridge caches from its last
+    forward pass (e.g. attention patterns), which deepcopy refuses while they are in a graph."""
+    memo = {}
+    for module in bridge.modules():
+        for value in vars(module).values():
+            if isinstance(value, Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach()
+    return memo
 
 
 @torch.no_grad()

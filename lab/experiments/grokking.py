@@ -20,7 +20,6 @@ minute there (documented in README with what it measured).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -28,10 +27,9 @@ from typing import Optional
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
-from interp.progress import bar_disabled
 from interp.results import write_json, write_table
+from interp.training import TrainingLoop, seed_everything
 from jacobians.regularizer import GrokAlignRegularizer
 
 
@@ -108,25 +106,22 @@ def centroid_alignment_of(model: OneLayerTransformer, tokens: torch.Tensor) -> f
 def train_modular(config: ModularConfig, progress: Optional[bool] = None) -> tuple[pd.DataFrame, dict]:
     """Train once; returns the per-evaluation log and a summary (``grok_step``: first step with
     test accuracy >= ``target``, None if never)."""
-    torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
+    seed_everything(config.seed)
     xtr, ytr, xte, yte = modular_data(config.p, config.train_fraction, config.seed)
     model = OneLayerTransformer(config.p, config.d_model, config.n_heads, config.d_mlp)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
     reg = GrokAlignRegularizer(lam=config.grokalign) if config.grokalign > 0 else None
     gen = torch.Generator().manual_seed(config.seed + 1)
-    rows, grok_step, streak, start = [], None, 0, time.time()
-    bar = tqdm(range(config.steps + 1), desc=f"modular p={config.p} lam={config.grokalign}",
-               disable=bar_disabled(progress))
-    for step in bar:
+    grok_step, streak = None, 0
+    loop = TrainingLoop(config.steps + 1, desc=f"modular p={config.p} lam={config.grokalign}", threads=config.threads,
+                        progress=progress, log_every=config.eval_every)
+    for step in loop:
         if step % config.eval_every == 0:
             with torch.no_grad():
                 train_acc = (model(xtr).argmax(-1) == ytr).float().mean().item()
                 test_acc = (model(xte).argmax(-1) == yte).float().mean().item()
             align = centroid_alignment_of(model, xte[:512])
-            rows.append({"step": step, "train_accuracy": train_acc, "test_accuracy": test_acc,
-                         "centroid_alignment": align, "seconds": time.time() - start})
-            bar.set_postfix(train=f"{train_acc:.2f}", test=f"{test_acc:.2f}")
+            loop.log(step, train_accuracy=train_acc, test_accuracy=test_acc, centroid_alignment=align)
             if test_acc >= config.target:
                 grok_step = step if grok_step is None else grok_step
                 streak += 1
@@ -141,11 +136,10 @@ def train_modular(config: ModularConfig, progress: Optional[bool] = None) -> tup
         loss = nn.functional.cross_entropy(logits, ytr)
         if reg is not None:
             loss = loss + reg(logits, x, generator=gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loop.optimize(loss, opt)
+    rows = loop.rows
     log = pd.DataFrame(rows)
-    summary = {**asdict(config), "grok_step": grok_step, "seconds": round(time.time() - start, 1),
+    summary = {**asdict(config), "grok_step": grok_step, "seconds": round(loop.seconds, 1),
                "final_test_accuracy": rows[-1]["test_accuracy"], "final_train_accuracy": rows[-1]["train_accuracy"]}
     return log, summary
 

@@ -23,6 +23,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from interp.training import TrainingLoop, seed_everything
+
 
 @dataclass
 class SubspaceTasks:
@@ -94,23 +96,21 @@ class ICLTransformer(nn.Module):
 def train_icl(task: SubspaceTasks, train_on: Sequence[int] | int | str, steps: int = 1500, batch_size: int = 64,
               lr: float = 1e-3, seed: int = 0, d_model: int = 64, n_layers: int = 3) -> tuple[ICLTransformer, pd.DataFrame]:
     """Train on prompts whose task vectors come from ``train_on``; returns the model and a loss log."""
-    torch.manual_seed(seed)
+    seed_everything(seed)
     model = ICLTransformer(task.d + 1, d_model, n_layers, n_ctx=2 * task.n_examples + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed + 1)
-    log = []
     model.train()
-    for step in range(steps):
+    loop = TrainingLoop(steps, desc="in-context regression", progress=False)
+    for step in loop:
         tokens, y, _ = task.batch(batch_size, train_on, g)
         pred, _ = model(tokens)
         loss = nn.functional.mse_loss(pred, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % 50 == 0 or step == steps - 1:
-            log.append({"step": step, "loss": loss.item()})
+        loop.optimize(loss, opt)
+        if loop.logging(step):
+            loop.log(step, loss=loss.item())
     model.eval()
-    return model, pd.DataFrame(log)
+    return model, pd.DataFrame(loop.rows).drop(columns="seconds")
 
 
 @torch.no_grad()

@@ -23,20 +23,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm.auto import tqdm
 
 from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
 from circuits.pairs import Pairs, make_pairs
 from circuits.path_patching import PathPatching
-from interp.progress import bar_disabled
 from interp.results import save_table
+from interp.training import TrainingLoop, seed_everything
 from lab.world.tokenizer import build_tokenizer
 
 CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "induction"
@@ -105,8 +103,7 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     """Train the attention-only induction model; save a HuggingFace directory (with ``train_log.json``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.set_num_threads(config.threads)
-    torch.manual_seed(config.seed)
+    seed_everything(config.seed)
     tok = _tokenizer(config.vocab)
     cfg = LlamaConfig(hidden_size=config.d_model, num_hidden_layers=config.n_layers,
                       num_attention_heads=config.n_heads, num_key_value_heads=config.n_heads, intermediate_size=4,
@@ -121,25 +118,21 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(config.seed)
     ids = _ids(tok, config.vocab)
-    log, start = [], time.time()
     model.train()
-    bar = tqdm(range(config.steps), desc="induction model", disable=bar_disabled(progress))
-    for step in bar:
+    loop = TrainingLoop(config.steps, desc="induction model", threads=config.threads, progress=progress)
+    for step in loop:
         x, predictable = training_batch(config, ids, gen, tok.eos_token_id)
         for g in opt.param_groups:
             g["lr"] = config.lr * min(1.0, (step + 1) / 100)
         logits = model(input_ids=x).logits
         loss_all = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
-        opt.zero_grad(set_to_none=True)
-        loss_all.backward()
-        opt.step()
-        if step % 50 == 0 or step == config.steps - 1:
+        loop.optimize(loss_all, opt)
+        if loop.logging(step):
             with torch.no_grad():
                 rep = logits[:, :-1].argmax(-1).eq(x[:, 1:])[predictable].float().mean()
-            log.append({"step": step, "loss": round(loss_all.item(), 4), "repeat_accuracy": round(rep.item(), 4),
-                        "seconds": round(time.time() - start, 1)})
-            bar.set_postfix(loss=f"{loss_all.item():.3f}", repeat_acc=f"{rep.item():.2f}")
+            loop.log(step, loss=round(loss_all.item(), 4), repeat_accuracy=round(rep.item(), 4))
     model.eval()
+    log = loop.rows
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

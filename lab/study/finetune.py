@@ -28,6 +28,7 @@ import torch
 from interp.models import Model
 from interp.tokens import Batch, Encoded, pad
 from interp.trainable import LoraSpec, lm_loss
+from interp.training import TrainingLoop, seed_everything
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
     and a dict of training facts. Trained and checked through the handle's backend."""
     if method not in ("full", "lora"):
         raise ValueError(f"unknown fine-tuning method {method!r}; use 'full' or 'lora'")
-    torch.manual_seed(seed)
+    seed_everything(seed)
     lora = LoraSpec(config.lora_r, config.lora_alpha) if method == "lora" else None
     tuned = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)
     params = tuned.trainable_parameters()
@@ -79,22 +80,22 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
     gold = torch.tensor([list(label_set).index(l) for l in labels])
     gen = torch.Generator().manual_seed(seed)
     n = len(prompts)
-    train_acc, step = 0.0, 0
+    train_acc, steps = 0.0, 0
     tuned.train()
-    for step in range(1, config.max_steps + 1):
+    loop = TrainingLoop(config.max_steps, desc="fine-tune", progress=False)
+    for i in loop:
+        steps = i + 1
         idx = torch.randperm(n, generator=gen)[: config.batch_size]
         loss = lm_loss(tuned.forward(Batch(batch.input_ids[idx], batch.attention_mask[idx], batch.position_ids[idx], batch.shift[idx])),
                        y[idx].to(tuned.device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % config.check_every == 0 or step == config.max_steps:
+        loop.optimize(loss, opt)
+        if steps % config.check_every == 0 or steps == config.max_steps:
             tuned.eval()
             pred = tuned.logprobs(list(prompts), list(label_set)).argmax(-1)
             tuned.train()
             train_acc = (pred == gold).float().mean().item()
             if train_acc == 1.0:
-                break
+                loop.stop()
     tuned.eval()
-    return tuned, {"steps": step, "train_accuracy": train_acc, "final_loss": loss.item(),
+    return tuned, {"steps": steps, "train_accuracy": train_acc, "final_loss": loss.item(),
                    "trainable_params": sum(p.numel() for p in params)}

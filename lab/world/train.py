@@ -18,15 +18,13 @@ import json
 import math
 import random
 import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from tqdm.auto import tqdm
 
-from interp.progress import bar_disabled
+from interp.training import TrainingLoop
 
 from .spec import WorldSpec
 from .tokenizer import build_tokenizer
@@ -95,7 +93,6 @@ def train_world_model(
     """Generate the world, pretrain on its corpus, save a checkpoint directory; returns its path."""
     if config.pack not in ("documents", "stream"):
         raise ValueError(f"TrainConfig.pack must be 'documents' or 'stream', got {config.pack!r}")
-    torch.set_num_threads(config.threads)
     out = Path(out_dir)
     world = World.generate(spec)
     tokenizer = build_tokenizer(world.vocabulary())
@@ -122,10 +119,8 @@ def train_world_model(
 
     rows = epoch_rows()
     cursor, epoch = 0, 0
-    log = []
-    start = time.time()
-    bar = tqdm(range(config.steps), desc="pretrain", disable=bar_disabled(progress))
-    for step in bar:
+    loop = TrainingLoop(config.steps, desc="pretrain", threads=config.threads, progress=progress)
+    for step in loop:
         if cursor + config.batch_size > len(rows):
             rows, cursor, epoch = epoch_rows(), 0, epoch + 1
         x = rows[cursor : cursor + config.batch_size]
@@ -134,14 +129,11 @@ def train_world_model(
             g["lr"] = lr_at(step)
         labels = x.masked_fill(x == tokenizer.pad_token_id, -100)
         loss = model(input_ids=x, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 50 == 0 or step == config.steps - 1:
-            log.append({"step": step, "epoch": epoch, "loss": round(loss.item(), 5), "lr": lr_at(step), "seconds": round(time.time() - start, 1)})
-            bar.set_postfix(loss=f"{loss.item():.3f}", epoch=epoch)
+        loop.optimize(loss, opt, clip=1.0, params=model.parameters())
+        if loop.logging(step):
+            loop.log(step, epoch=epoch, loss=round(loss.item(), 5), lr=lr_at(step))
     model.eval()
+    log = loop.rows
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
