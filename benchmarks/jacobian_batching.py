@@ -21,14 +21,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def main() -> None:
+    import interp
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--backend", default="nnsight")
+    parser.add_argument("--backend", default=interp.DEFAULT_BACKEND)
     args = parser.parse_args()
 
     import torch
 
-    import interp
     from jacobians import jacobian
     from jacobians.jacobian import _positions, forward_with_input
     from lab.world import from_world, load_world

@@ -31,10 +31,12 @@ def timed(fn):
 
 
 def main() -> None:
+    import interp
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--relation", default="country")
-    parser.add_argument("--backend", default="nnsight")
+    parser.add_argument("--backend", default=interp.DEFAULT_BACKEND)
     args = parser.parse_args()
 
     import numpy as np
@@ -43,7 +45,6 @@ def main() -> None:
     from scipy.stats import pearsonr, spearmanr
     from transformer_lens import patching
 
-    import interp
     from circuits import ActivationPatching, AttributionPatching, PathPatching
     from circuits.components import parse_receivers
     from circuits.metrics import as_metric

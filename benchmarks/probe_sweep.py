@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    model = interp.load_model("world", backend="nnsight")
+    model = interp.load_model("world")
     relations = from_world(load_world())
     sites = [model.resid_site(l) for l in range(model.n_layers)]
     features = {}

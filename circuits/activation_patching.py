@@ -22,7 +22,6 @@ TransformerLens' ``patching.get_act_patch_*`` functions (tested).
 from __future__ import annotations
 
 import difflib
-
 from typing import Optional, Sequence
 
 import pandas as pd

@@ -19,6 +19,8 @@ from typing import Iterable
 
 import plotly.graph_objects as go
 
+from .results import atomic_path
+
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
 #: width x height in pixels at 100 dpi-equivalent (3.5 in and 7.2 in columns)
 SIZES = {"one-column": (350 * 2, 260 * 2), "two-column": (720 * 2, 360 * 2)}
@@ -64,7 +66,8 @@ def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "
     if unknown:
         raise ValueError(f"unknown export format {unknown[0]!r}; use html, png, svg or pdf")
     if "html" in formats:
-        fig.write_html(stem.with_suffix(".html"), include_plotlyjs=True, full_html=True)
+        with atomic_path(stem.with_suffix(".html")) as tmp:
+            fig.write_html(tmp, include_plotlyjs=True, full_html=True)
     static = [(f, stem.with_suffix("." + f)) for f in formats if f != "html"]
     if static:
         _export_static(fig, static)

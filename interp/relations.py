@@ -17,6 +17,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from .prompts import Prompt
+from .results import write_json
 
 
 class RelationError(ValueError):
@@ -59,8 +60,7 @@ class Relation:
         if self.prompts_override is not None:
             for d, p in zip(samples, self.prompts_override):
                 d["prompt"] = p
-        Path(path).write_text(json.dumps({"name": self.name, "template": self.template, "samples": samples,
-                                          "properties": self.properties}, indent=1))
+        write_json({"name": self.name, "template": self.template, "samples": samples, "properties": self.properties}, path)
 
 
 def _from_dict(d: dict, source: str) -> Relation:

@@ -21,10 +21,13 @@ import numpy as np
 import pandas as pd
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; done once, at import, before any thread writes
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()
 
 
 @contextmanager
@@ -36,7 +39,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -20,7 +20,6 @@ from typing import Optional
 
 import torch
 from jaxtyping import Float, Int
-from peft import LoraConfig, inject_adapter_in_model
 
 Tensor = torch.Tensor
 
@@ -56,6 +55,8 @@ def lora_targets(model_type: Optional[str]) -> list[str]:
 
 def add_lora(module: torch.nn.Module, spec: LoraSpec, model_type: Optional[str]) -> torch.nn.Module:
     """Adapters injected in place into ``module`` (whose own weights are then frozen)."""
+    from peft import LoraConfig, inject_adapter_in_model  # imported when first used: peft is slow to import
+
     targets = list(spec.targets) if spec.targets else lora_targets(model_type)
     config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=targets,
                         fan_in_fan_out=model_type == "gpt2")  # GPT-2's Conv1D stores W transposed

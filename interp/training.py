@@ -3,7 +3,7 @@
 The world model, the induction model, grokking, in-context regression and relabelling fine-tunes
 all train with it, so each seeds, sets its thread count and reports progress the same way::
 
-    seed_everything(config.seed)                      # before the model is built
+    seed_torch(config.seed)                           # before the model is built
     loop = TrainingLoop(config.steps, desc="pretrain", threads=config.threads, progress=progress)
     for step in loop:
         loss = model(...).loss
@@ -18,22 +18,20 @@ keeps the current one. A row gets the step first and the wall-clock ``seconds`` 
 """
 from __future__ import annotations
 
-import random
 import time
 from typing import Iterator, Optional
 
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from .progress import bar_disabled
 
 
-def seed_everything(seed: int) -> None:
-    """Seed torch, numpy's and Python's global generators."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
+def seed_torch(value: int) -> None:
+    """Seed torch's global generator, from which the trainers draw initial weights and adapters.
+    (The caller's numpy and Python generators are left alone; the trainers draw data from
+    generators of their own, seeded from their configuration.)"""
+    torch.manual_seed(value)
 
 
 class TrainingLoop:

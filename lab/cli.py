@@ -45,10 +45,15 @@ from lab.study.summary import calibrate_folder
 from lab.world import default_spec, from_world, load_world, train_world_model
 from lab.world.report import knowledge_report, readability
 from lab.world.train import TrainConfig
-from probes import readability as best_readability
+from probes import best_layer_readability
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # read when a model is resolved (interp.models.resolve_path)
-if "TRANSFORMERS_VERBOSITY" not in os.environ:
+# The command line works offline and quietly unless told otherwise; set in the environment so that
+# worker processes inherit it. interp.models.resolve_path reads HF_HUB_OFFLINE when it resolves a
+# name; transformers read its verbosity when first imported, which `import lab` may already have
+# done, so it is applied here too.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
     transformers.logging.set_verbosity_error()
 
 app = typer.Typer(help="Activation capture, probes and generalization studies.", no_args_is_help=True)
@@ -74,7 +79,7 @@ def demo(
     table = readability(model, world)
     out.mkdir(parents=True, exist_ok=True)
     write_table(table, out / "readability.csv")
-    best = best_readability(table).sort_values("kappa", ascending=False)
+    best = best_layer_readability(table).sort_values("kappa", ascending=False)
     typer.echo("\neach relation's readability at its best layer (probe accuracy and kappa of its answer at the subject's last token):")
     typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"\nwrote {out / 'readability.csv'}")

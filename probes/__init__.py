@@ -5,16 +5,16 @@
 - :class:`ProbeSweep` / :func:`sweep`: relations x sites x folds x seeds, with control tasks,
   as a tidy DataFrame, plus per-subject ranked read-outs;
 - :class:`DiffMeansProbe`, :class:`RidgeProbe`: difference-of-means and continuous read-outs;
-- :func:`readability` / :func:`readability_by_layer` / :func:`best_layers`: the one definition
+- :func:`best_layer_readability` / :func:`readability_by_layer` / :func:`best_layers`: the one definition
   of a relation's readability (chance-corrected, :mod:`probes.chance`);
 - :mod:`probes.plots`: heatmaps and per-layer curves from a sweep table.
 """
 from .diff_means import DiffMeansProbe
 from .linear_probe import LinearProbe
 from .logistic import LogisticFit, fit_logistic
-from .readability import best_layers, readability, readability_by_layer
+from .readability import best_layer_readability, best_layers, readability_by_layer
 from .ridge import RidgeProbe
 from .sweep import ProbeSweep, sweep
 
 __all__ = ["DiffMeansProbe", "LinearProbe", "LogisticFit", "ProbeSweep", "RidgeProbe", "best_layers", "fit_logistic",
-           "readability", "readability_by_layer", "sweep"]
+           "best_layer_readability", "readability_by_layer", "sweep"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from interp.plots import PALETTE
+
 #: colour-blind-safe palette (Okabe & Ito)
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
 
 
 def _by_layer(df: pd.DataFrame, metric: str) -> pd.DataFrame:

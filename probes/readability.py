@@ -9,7 +9,7 @@ its ``readout_``, every test subject's cross-validated prediction):
   the three chance levels of the probed subjects, the shuffled-label control's accuracy and the
   selectivity;
 - :func:`best_layers`: each relation's best layer, the highest kappa (lowest layer on ties);
-- :func:`readability`: one row per relation at its best layer, the relation's *readability*.
+- :func:`best_layer_readability`: one row per relation at its best layer, the relation's *readability*.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def best_layers(layers: pd.DataFrame) -> dict[str, int]:
     return out
 
 
-def readability(layers: pd.DataFrame) -> pd.DataFrame:
+def best_layer_readability(layers: pd.DataFrame) -> pd.DataFrame:
     """One row per relation: its :func:`readability_by_layer` row at its :func:`best_layers` layer."""
     best = best_layers(layers)
     rows = [layers[(layers.relation == rel) & (layers.layer == layer)].iloc[0] for rel, layer in best.items()]

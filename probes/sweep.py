@@ -103,7 +103,7 @@ class ProbeSweep:
         self.sites = sites
         self.sites_per_pass = sites_per_pass
         self.folds = folds
-        self.seeds = tuple(seeds)
+        self.seeds = seeds
         self.C = C
         self.control = control
         self.top_k = top_k

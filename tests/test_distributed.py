@@ -171,7 +171,7 @@ def test_remote_capture_reaches_the_ndif_request(tmp_path):
 
     snapshot = tmp_path / "hf" / "hub" / "models--interp-test--tiny" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
-    for f in (Path(__file__).resolve().parent.parent / "interp" / "checkpoints" / "induction").iterdir():
+    for f in (Path(__file__).resolve().parent.parent / "lab" / "checkpoints" / "induction").iterdir():
         shutil.copy(f, snapshot / f.name)
     refs = snapshot.parent.parent / "refs"
     refs.mkdir()

@@ -39,7 +39,7 @@ def test_static_exports_have_the_requested_size(tmp_path, size):
 def test_regenerate_every_figure_of_a_results_folder(tmp_path):
     from typer.testing import CliRunner
 
-    from circuits.figures import save_table
+    from interp.results import save_table
     from lab.cli import app
 
     root = tmp_path / "results"

@@ -1,4 +1,6 @@
 """Backends: one implementation of :class:`Backend` per interpretability library.
+
+Each imports its library when first used, so ``import interp`` stays light.
 """
 from __future__ import annotations
 

@@ -5,21 +5,29 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import transformers
-from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+# transformers is imported in the functions that need it: it is slow to import and a handle on an
+# in-memory model never needs these
 
 
 def is_causal(config) -> bool:
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
     return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
 
 
 def tokenizer_of(path: str | Path, tokenizer=None):
+    from transformers import AutoTokenizer
+
     return tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
 
 
 def hf_from_directory(path: str | Path, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
     """The model class its ``config.json`` names (else the causal-LM or base auto class), eager
     attention (so attention patterns can be read), float32 unless ``dtype`` says otherwise."""
+    import transformers
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
     config = AutoConfig.from_pretrained(path)
     cls = None
     for arch in getattr(config, "architectures", None) or []:

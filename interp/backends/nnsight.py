@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 import torch
-from nnsight import NNsight, TransformersModel
-from transformer_lens.model_bridge import TransformerBridge
-from transformers import AutoConfig
 
 from ..architectures import arch_info, architecture_for
 from ..sites import parse_site, sort_by_execution, standard_sites
@@ -36,7 +33,7 @@ class NNsightBackend(Backend):
 
     @classmethod
     def load(cls, spec, tokenizer=None, device=None, dtype=None):
-        if isinstance(spec, TransformerBridge):
+        if hasattr(spec, "original_model") and hasattr(spec, "hook_dict"):  # a TransformerBridge
             return cls.load(spec.original_model, tokenizer or spec.tokenizer, device, dtype)
         if tokenizer is None:
             raise ValueError("a model passed as a module needs its tokenizer: load_model(module, tokenizer=...)")
@@ -51,6 +48,9 @@ class NNsightBackend(Backend):
         """A handle whose traces run on NDIF: meta weights here, the real model there."""
         if not isinstance(spec, str) or Path(spec).expanduser().exists():
             raise ValueError(f"remote=True needs a hub name NDIF hosts (e.g. 'meta-llama/Llama-3.1-70B'), got {spec!r}")
+        from nnsight import TransformersModel
+        from transformers import AutoConfig
+
         tok = tokenizer_of(spec, tokenizer)
         config = AutoConfig.from_pretrained(spec)
         kwargs = {"task": "text-generation"} if is_causal(config) else {}
@@ -61,6 +61,8 @@ class NNsightBackend(Backend):
         """``envoy``: an nnsight model wrapping ``hf_model`` (default: ``NNsight(hf_model)``);
         ``remote=True`` runs every trace on NDIF (the envoy must be remotable, e.g. a
         ``nnsight.TransformersModel`` built from a hub name)."""
+        from nnsight import NNsight  # imported when first used (libraries load in the backend that needs them)
+
         self._hf_model = hf_model
         self.remote = remote
         config = hf_model.config

@@ -7,9 +7,6 @@ import re
 from typing import Mapping, Optional
 
 import torch
-from transformer_lens.config import TransformerBridgeConfig
-from transformer_lens.model_bridge import TransformerBridge
-from transformers.pytorch_utils import Conv1D
 
 from ..architectures import bridge_hook_name
 from ..sites import site_name, standard_sites
@@ -17,8 +14,6 @@ from ..trainable import LoraSpec, add_lora, lora_targets
 from ..trainable import freeze_embeddings as freeze_embedding_tables
 from .base import Backend, HookFn, Tensor, accepts_position_ids
 from .hf import name_of, place, tokenizer_of
-
-_LINEAR = (torch.nn.Linear, Conv1D)
 
 
 class TransformerLensBackend(Backend):
@@ -28,10 +23,15 @@ class TransformerLensBackend(Backend):
 
     @classmethod
     def accepts(cls, spec) -> bool:
-        return isinstance(spec, (TransformerBridge, TransformerBridgeConfig, dict, torch.nn.Module))
+        from transformer_lens.config import TransformerBridgeConfig
+
+        return isinstance(spec, (TransformerBridgeConfig, dict, torch.nn.Module))
 
     @classmethod
     def load(cls, spec, tokenizer=None, device=None, dtype=None):
+        from transformer_lens.config import TransformerBridgeConfig
+        from transformer_lens.model_bridge import TransformerBridge
+
         if isinstance(spec, TransformerBridge):
             return cls(place(spec, device, dtype)), tokenizer or spec.tokenizer, "bridge"
         if tokenizer is None:
@@ -46,6 +46,8 @@ class TransformerLensBackend(Backend):
 
     @classmethod
     def load_directory(cls, path, tokenizer=None, device=None, dtype=None):
+        from transformer_lens.model_bridge import TransformerBridge
+
         kwargs = {"device": device} if device is not None else {}
         bridge = TransformerBridge.boot_transformers(str(path), dtype=dtype or torch.float32, **kwargs)
         return cls(bridge.eval()), tokenizer_of(path, tokenizer)
@@ -99,14 +101,14 @@ class TransformerLensBackend(Backend):
         for name, module in original.named_modules(remove_duplicate=False):
             if name.split(".")[-1] in wanted:
                 layer = getattr(module, "_original_component", module)
-                if isinstance(layer, _LINEAR):
+                if _is_linear(layer):
                     layers.add(id(layer))
         ran = _modules_run(bridge)
         names = []
         for name, module in bridge.named_modules():
             if id(module) in layers and id(module) in ran:
                 names.append(name)
-            elif id(module) in ran and isinstance(module, _LINEAR) and _SPLIT_QKV.search(name):
+            elif id(module) in ran and _is_linear(module) and _SPLIT_QKV.search(name):
                 names.append(name)
         if not names:
             raise ValueError(f"no layers named {sorted(wanted)} run in this bridge; pass LoraSpec(targets=[...])")
@@ -150,6 +152,11 @@ def _as_tl_hook(fn: HookFn):
     return hook
 
 
+def _is_linear(module) -> bool:
+    """A linear layer LoRA can adapt: ``nn.Linear`` or GPT-2's ``Conv1D``."""
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
 _SPLIT_QKV = re.compile(r"attn\.[qkv]\._original_component$")
 
 
@@ -169,7 +176,7 @@ def _modules_run(bridge) -> set[int]:
     """Ids of the linear layers a forward pass of ``bridge`` calls."""
     ran: set[int] = set()
     handles = [m.register_forward_hook(lambda mod, i, o: ran.add(id(mod)))
-               for m in bridge.modules() if isinstance(m, _LINEAR)]
+               for m in bridge.modules() if _is_linear(m)]
     try:
         bridge(torch.zeros(1, 2, dtype=torch.long, device=next(bridge.parameters()).device))
     finally:

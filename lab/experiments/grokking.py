@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from interp.results import write_json, write_table
-from interp.training import TrainingLoop, seed_everything
+from interp.training import TrainingLoop, seed_torch
 from jacobians.regularizer import GrokAlignRegularizer
 
 
@@ -106,7 +106,7 @@ def centroid_alignment_of(model: OneLayerTransformer, tokens: torch.Tensor) -> f
 def train_modular(config: ModularConfig, progress: Optional[bool] = None) -> tuple[pd.DataFrame, dict]:
     """Train once; returns the per-evaluation log and a summary (``grok_step``: first step with
     test accuracy >= ``target``, None if never)."""
-    seed_everything(config.seed)
+    seed_torch(config.seed)
     xtr, ytr, xte, yte = modular_data(config.p, config.train_fraction, config.seed)
     model = OneLayerTransformer(config.p, config.d_model, config.n_heads, config.d_mlp)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)

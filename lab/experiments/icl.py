@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from interp.training import TrainingLoop, seed_everything
+from interp.training import TrainingLoop, seed_torch
 
 
 @dataclass
@@ -96,7 +96,7 @@ class ICLTransformer(nn.Module):
 def train_icl(task: SubspaceTasks, train_on: Sequence[int] | int | str, steps: int = 1500, batch_size: int = 64,
               lr: float = 1e-3, seed: int = 0, d_model: int = 64, n_layers: int = 3) -> tuple[ICLTransformer, pd.DataFrame]:
     """Train on prompts whose task vectors come from ``train_on``; returns the model and a loss log."""
-    seed_everything(seed)
+    seed_torch(seed)
     model = ICLTransformer(task.d + 1, d_model, n_layers, n_ctx=2 * task.n_examples + 1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(seed + 1)

@@ -21,7 +21,6 @@ Train your own with ``interp circuits train-induction --out DIR`` (about a minut
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,8 +32,9 @@ from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
 from circuits.pairs import Pairs, make_pairs
 from circuits.path_patching import PathPatching
-from interp.results import save_table
-from interp.training import TrainingLoop, seed_everything
+from interp.models import ModelNotFoundError
+from interp.results import save_table, write_json
+from interp.training import TrainingLoop, seed_torch
 from lab.world.tokenizer import build_tokenizer
 
 CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "induction"
@@ -43,7 +43,7 @@ CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "induction
 def checkpoint_dir() -> Path:
     """The shipped induction model (registered as ``interp.load_model("induction")``)."""
     if not (CHECKPOINT / "config.json").exists():
-        raise FileNotFoundError(f"the induction-head model is missing from {CHECKPOINT}; rebuild it with "
+        raise ModelNotFoundError(f"the induction-head model is missing from {CHECKPOINT}; rebuild it with "
                                 "`interp circuits train-induction --out lab/checkpoints/induction`")
     return CHECKPOINT
 
@@ -103,7 +103,7 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     """Train the attention-only induction model; save a HuggingFace directory (with ``train_log.json``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    seed_everything(config.seed)
+    seed_torch(config.seed)
     tok = _tokenizer(config.vocab)
     cfg = LlamaConfig(hidden_size=config.d_model, num_hidden_layers=config.n_layers,
                       num_attention_heads=config.n_heads, num_key_value_heads=config.n_heads, intermediate_size=4,
@@ -139,8 +139,8 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "train_config.json").write_text(json.dumps(asdict(config), indent=1))
-    (tmp / "train_log.json").write_text(json.dumps(log, indent=0))
+    write_json(asdict(config), tmp / "train_config.json")
+    write_json(log, tmp / "train_log.json")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
@@ -219,5 +219,5 @@ def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int =
     summary = {"previous_token_scores": prev, "induction_scores": ind,
                "top_head_edge": {"sender": top.sender, "receiver": top.receiver, "normalized": float(top.normalized)},
                "clean_metric": pp.attrs["target_score"], "corrupted_metric": pp.attrs["source_score"]}
-    (Path(out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(summary, Path(out) / "summary.json")
     return summary

@@ -52,7 +52,7 @@ def null_calibration(null: pd.DataFrame) -> go.Figure:
                                      error_y=dict(type="data", array=1.96 * se)))
                 i += 1
     alpha = float(null.alpha.iloc[0]) if len(null) else 0.05
-    fig.add_hline(y=alpha, line_dash="dash", line_color="#D55E00", annotation_text=f"nominal {alpha:g}",
+    fig.add_hline(y=alpha, line_dash="dash", line_color=PALETTE[5], annotation_text=f"nominal {alpha:g}",
                   annotation_position="top left", layer="above")
     n = int(null.n_sim.iloc[0]) if len(null) else 0
     fig.update_layout(title=f"Null calibration: false-positive rates with no generalization ({n} simulated studies)",
@@ -88,7 +88,7 @@ def backmap(table: pd.DataFrame, summary: dict) -> go.Figure:
             fig.add_trace(go.Bar(x=g.relation, y=g[f"{who}_ratio"], name=f"{name} ({method})",
                                  marker_color=PALETTE[(2 * i + j) % len(PALETTE)], customdata=g.n_errors,
                                  hovertemplate="%{x}: %{y:.2f}x expected (%{customdata} errors)<extra></extra>"))
-    fig.add_hline(y=1, line_dash="dash", line_color="#D55E00", annotation_text="uniformly random wrong answer",
+    fig.add_hline(y=1, line_dash="dash", line_color=PALETTE[5], annotation_text="uniformly random wrong answer",
                   annotation_position="top left", layer="above")
     b = summary["backmap"].get(summary["methods"][0], {})
     sub = (f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, model {b.get('model_ratio', float('nan')):.2f}x uniform "

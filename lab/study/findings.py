@@ -10,6 +10,8 @@ from typing import Optional
 
 import pandas as pd
 
+from interp.results import write_text
+
 
 def _f(v, digits: int = 3) -> str:
     try:
@@ -137,7 +139,8 @@ def world_section(report: Path) -> str:
     aug = df[df.augment.astype(bool)]
     out = ["## The embedded world model: what it knows", "",
            f"`interp world report`: recall is the greedy next token on every fact's corpus query (all subjects); readability "
-           f"is the best-layer 5-fold probe accuracy at the subject's last token, chance = 1/#answers. Mean recall "
+           f"is the 5-fold probe accuracy at the subject's last token at the relation's best layer (the highest kappa, "
+           f"`probes.readability`), chance = 1/#answers. Mean recall "
            f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); readability "
            f"{_f(df.readability.min())} to {_f(df.readability.max())}; the {len(aug)} augmented relations average "
            f"{_f(aug.readability.mean())} readability against {_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.", "",
@@ -179,5 +182,5 @@ def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal:
     if ablation is not None and (Path(ablation) / "ablation.csv").exists():
         parts.append(ablation_section(Path(ablation)))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(parts))
+    write_text("\n".join(parts), out)
     return out

@@ -28,7 +28,7 @@ import torch
 from interp.models import Model
 from interp.tokens import Batch, Encoded, pad
 from interp.trainable import LoraSpec, lm_loss
-from interp.training import TrainingLoop, seed_everything
+from interp.training import TrainingLoop, seed_torch
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
     and a dict of training facts. Trained and checked through the handle's backend."""
     if method not in ("full", "lora"):
         raise ValueError(f"unknown fine-tuning method {method!r}; use 'full' or 'lora'")
-    seed_everything(seed)
+    seed_torch(seed)
     lora = LoraSpec(config.lora_r, config.lora_alpha) if method == "lora" else None
     tuned = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)
     params = tuned.trainable_parameters()

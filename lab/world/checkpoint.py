@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from interp.models import ModelNotFoundError
+
 from .spec import WorldSpec
 from .world import World
 
@@ -14,7 +16,7 @@ _PLAIN = _CHECKPOINTS / "world_plain"
 
 def default_checkpoint_dir() -> Path:
     if not (_DEFAULT / "config.json").exists():
-        raise FileNotFoundError(
+        raise ModelNotFoundError(
             f"the embedded world model is missing from {_DEFAULT}; rebuild it with `interp world train`"
         )
     return _DEFAULT

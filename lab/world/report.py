@@ -14,8 +14,7 @@ import pandas as pd
 import torch
 
 from interp.models import Model
-from probes import ProbeSweep, readability_by_layer
-from probes import readability as best_readability
+from probes import ProbeSweep, best_layer_readability, readability_by_layer
 
 from .relations import from_world
 from .world import World
@@ -52,7 +51,7 @@ def readability(model: Model, world: World, folds: int = 5, seed: int = 0, C: fl
 def knowledge_report(model: Model, world: World) -> pd.DataFrame:
     """One row per relation: its writing knobs, recall, best-layer readability and chance."""
     rec = recall(model, world).groupby("relation")["correct"].mean()
-    best = best_readability(readability(model, world)).set_index("relation")
+    best = best_layer_readability(readability(model, world)).set_index("relation")
     rows = []
     for r in world.spec.relations:
         rows.append({

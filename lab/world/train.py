@@ -13,8 +13,6 @@ same machine and thread count). The result is a HuggingFace directory (``model.s
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
 import random
 import shutil
@@ -22,9 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
 import torch
 
-from interp.training import TrainingLoop
+from interp.results import write_json, write_table, write_text
+from interp.training import TrainingLoop, seed_torch
 
 from .spec import WorldSpec
 from .tokenizer import build_tokenizer
@@ -50,7 +50,7 @@ class TrainConfig:
 def build_model(config: TrainConfig, vocab_size: int, tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(config.seed)
+    seed_torch(config.seed)
     hf_config = GPT2Config(
         n_layer=config.n_layers, n_embd=config.d_model, n_head=config.n_heads, n_positions=config.seq_len,
         vocab_size=vocab_size, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -140,12 +140,9 @@ def train_world_model(
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "world_spec.json").write_text(spec.to_json())
-    (tmp / "train_config.json").write_text(json.dumps(asdict(config), indent=1))
-    with open(tmp / "train_log.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(log[0]))
-        w.writeheader()
-        w.writerows(log)
+    write_text(spec.to_json(), tmp / "world_spec.json")
+    write_json(asdict(config), tmp / "train_config.json")
+    write_table(pd.DataFrame(log), tmp / "train_log.csv")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
