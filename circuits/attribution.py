@@ -72,7 +72,7 @@ class AttributionPatching:
         self.metric = metric
         self.ig_steps = ig_steps
         self.direction = direction
-        self.nodes_spec = nodes
+        self.nodes_spec = nodes  # the parameter `nodes` (the method `nodes()` has that attribute name)
         self.receivers = receivers
         self.by_position = by_position
         self.batch_size = batch_size
@@ -282,6 +282,5 @@ def _node_row(node: Node, position, score: float) -> dict:
 
 
 def _order(name: str):
-
     return parse_site(name).order
 

@@ -104,7 +104,10 @@ class Model:
 
     @property
     def hf_model(self) -> Optional[torch.nn.Module]:
-        """The underlying HuggingFace model (both backends run one), e.g. to fine-tune a copy."""
+        """The underlying HuggingFace model, when there is one (analyzers never need it: they go
+        through the handle). On a TransformerLens handle it is the module the bridge wraps, whose
+        fused q/k/v weights the bridge runs as separate projections: read a trained TransformerLens
+        copy's weights through :attr:`module`, not here."""
         return self.backend.hf_model
 
     def head_output_weights(self, layer: int) -> torch.Tensor:

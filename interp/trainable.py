@@ -3,9 +3,13 @@
 ``model.trainable_copy()`` returns a new :class:`~interp.models.Model` on the same backend whose
 weights are a deep copy of the original (which is never modified): every parameter trains, except
 the embedding tables when ``freeze_embeddings=True`` (token and position embeddings, and a
-read-out tied to them). ``model.trainable_copy(lora=LoraSpec(r=8, alpha=16))`` instead freezes
+read-out tied to them). On the TransformerLens backend the copy is a deep copy of the bridge. ``model.trainable_copy(lora=LoraSpec(r=8, alpha=16))`` instead freezes
 every original weight and adds low-rank adapters (Hu et al. 2021, via ``peft``) to the linear
-layers :func:`lora_targets` names for the architecture. The copy runs, reads and writes sites
+layers :func:`lora_targets` names for the architecture. The adapters go on the layers the backend
+runs: on nnsight the HuggingFace layers themselves; on TransformerLens the same layers, except that
+the bridge runs a fused q/k/v layer (GPT-2's ``c_attn``) as three projections, which then get an
+adapter each (three rank-r adapters where HuggingFace has one), so LoRA fine-tunes of fused-q/k/v
+models differ between backends; full fine-tunes agree (tested). The copy runs, reads and writes sites
 like any handle, so a fine-tune is trained and evaluated through the backend, and its forward
 pass is differentiable (:meth:`~interp.models.Model.forward`).
 

@@ -73,7 +73,6 @@ def centroid_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logit
 def jacobian_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
                        of_position="last", batch_size: int = 16, x: Optional[Tensor] = None) -> pd.DataFrame:
     """All alignment measures per prompt, from full per-example Jacobians."""
-
     _check_order(model, wrt, of)
     frames = []
     for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):

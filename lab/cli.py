@@ -143,7 +143,6 @@ def study_findings(
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
     """Write the findings page (Markdown) from saved study, causal-test, world and ablation tables."""
-
     typer.echo(f"wrote {write_findings(study, out, causal, world=world, ablation=ablation)}")
 
 
@@ -154,7 +153,6 @@ def study_null(
 ):
     """Null calibration: false-positive rate of every statistic on simulated studies with no
     generalization beyond chance (same relations, test sizes, readability, label preferences)."""
-
     table = calibrate_folder(out, n_sim)
     typer.echo(table[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "observed_r",
                       "p_monte_carlo"]].to_string(
@@ -168,7 +166,6 @@ def figures(
     formats: str = typer.Option("html,png,svg,pdf", help="comma-separated: html, png, svg, pdf"),
 ):
     """Redraw every figure of every result under a folder from its saved tables."""
-
     for folder, files in regenerate(out, formats.split(",")).items():
         typer.echo(f"{folder}: {len(files)} files")
 
@@ -176,7 +173,6 @@ def figures(
 @study_app.command("figures")
 def study_figures(out: Path = typer.Argument(..., help="a finished study's results folder")):
     """Regenerate every figure (HTML, PNG, SVG, PDF) and report.html from the saved tables."""
-
     typer.echo(f"wrote {write_report(out)}")
 
 
@@ -190,7 +186,6 @@ def study_causal(
     """Two worlds, augmented vs plain writing of some relations: compare readability and generalization.
     With the defaults both worlds are shipped checkpoints (about 5 minutes on 2 cores); --retrain
     rebuilds them (about 22 minutes each)."""
-
     df = causal_test(out, relations or None, train=TrainConfig(steps=steps), retrain=retrain)
     typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo((out / "causal.json").read_text())
@@ -204,7 +199,6 @@ def world_train(
     subjects: int = typer.Option(1000, help="number of subjects"),
 ):
     """Generate the default world and pretrain the small LM on it (about 15 minutes on 2 cores)."""
-
     path = train_world_model(default_spec(seed=seed, n_subjects=subjects), out, TrainConfig(steps=steps, seed=seed))
     typer.echo(f"saved {path}")
 
@@ -233,7 +227,6 @@ def world_ablate(
     """Which ingredient makes knowledge active? Train variants of the recipe, one factor each, and
     measure recall, readability and generalization with a reduced study (about an hour on 2 cores
     at the default steps)."""
-
     df = ablate(out, steps=steps, only=only or None)
     typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
@@ -277,7 +270,6 @@ def circuits_relation(
 @circuits_app.command("figures")
 def circuits_figures(out: Path = typer.Argument(..., help="a circuits results folder")):
     """Redraw every figure of a circuits results folder from its saved tables."""
-
     for path in write_figures(out):
         typer.echo(f"wrote {path}")
 
@@ -289,7 +281,6 @@ def circuits_train_induction(
     seed: int = typer.Option(0, help="seed"),
 ):
     """Train the two-layer attention-only induction-head model (under a minute on 2 cores)."""
-
     typer.echo(f"saved {train_induction_model(out, InductionConfig(steps=steps, seed=seed))}")
 
 

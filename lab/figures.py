@@ -30,13 +30,11 @@ FORMATS = ("html", "png", "svg", "pdf")
 
 
 def _study(folder: Path, formats) -> list[Path]:
-
     report = write_report(folder, static=any(f != "html" for f in formats))
     return [report] + sorted((folder / "figures").glob("*.*"))
 
 
 def _circuits(folder: Path, formats) -> list[Path]:
-
     return write_figures(folder, formats)
 
 
@@ -51,7 +49,6 @@ def _grokking(folder: Path, formats) -> list[Path]:
 
 
 def _readability(folder: Path, formats) -> list[Path]:
-
     table = pd.read_csv(folder / "readability.csv")
     if not {"relation", "layer", "accuracy"} <= set(table.columns):
         return []

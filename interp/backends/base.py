@@ -107,7 +107,6 @@ class Backend(ABC):
     def head_output_weights(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """``W_O`` of every head at ``layer``, read off the module that consumes ``z`` (GPT-2's
         ``c_proj``, Llama's ``o_proj``, ...) by applying it to the identity (Linear or Conv1D)."""
-
         hf = self._require_hf("head_output_weights")
         prefix = getattr(hf, "base_model_prefix", "")
         base = prefix + "." if prefix and hasattr(hf, prefix) else ""

@@ -66,7 +66,6 @@ class InductionConfig:
 
 
 def _tokenizer(vocab: int):
-
     return build_tokenizer([f"t{i}" for i in range(vocab)])
 
 

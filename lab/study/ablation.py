@@ -141,7 +141,6 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
     ``config``: the reduced study (default :func:`ablation_study_config`), which variants override.
     ``only``: run just these variants (and the baseline) now; the tables keep every finished row.
     A folder holding an ablation with other steps, world, recipe or study is refused."""
-
     out = Path(out)
     spec = spec or default_spec()
     variants = list(variants or default_variants(spec))

@@ -57,7 +57,6 @@ def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, sp
 
     A world whose spec and training recipe equal a shipped checkpoint's (the default world and
     its plain twin, both shipped) is copied instead of pretrained, unless ``retrain``."""
-
     out = Path(out)
     spec = spec or default_spec()
     manipulated = list(manipulated or [r.name for r in spec.relations if r.augment])

@@ -61,7 +61,6 @@ def null_calibration(null: pd.DataFrame) -> go.Figure:
 
 
 def layer_curves(readability: pd.DataFrame) -> go.Figure:
-
     fig = accuracy_by_layer(readability)
     fig.update_layout(title="Readability by layer (mean over folds, 95% CI)")
     return style(fig, "two-column")

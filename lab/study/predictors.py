@@ -34,7 +34,6 @@ def relation_predictors(model, relations, layer: Optional[int] = None, beta: flo
                         n_alignment: int = 64, seed: int = 0, progress: Optional[bool] = None) -> pd.DataFrame:
     """One row per relation: ``lre_faithfulness``, ``lre_causality``, ``centroid_alignment``
     (subject-last token embedding -> last-position logits)."""
-
     layer = model.n_layers // 2 - 1 if layer is None else layer
     lre = LinearRelationalEmbedding(model, layer, beta=beta, icl=False)
     rows = []

@@ -194,7 +194,6 @@ class Study:
             write_json(meta, path)
 
     def _readability(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-
         paths = [self.out / f for f in ("readability.csv", "readability_layers.csv", "probe_readout.csv")]
         if all(p.exists() for p in paths):
             ro = pd.read_csv(paths[2], dtype={"subject": str, "answer": str, "predicted": str}, keep_default_na=False)
@@ -309,7 +308,6 @@ class Study:
         """Run (or resume) the study; ``max_jobs`` stops after that many new fine-tunes (for
         budgeting, and to test resumption). ``executor``: where the fine-tunes run
         (:mod:`lab.executors`: ``"serial"`` by default, ``"ray"`` or an Executor)."""
-
         notes = self.validate()
         ex = executor_for(executor)
         self._check_folder()
