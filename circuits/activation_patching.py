@@ -26,9 +26,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 from interp.sites import HEAD_KINDS, SHORT_KINDS
 
 from .metrics import as_metric
@@ -114,8 +113,8 @@ class ActivationPatching:
         sums: dict[tuple, float] = {}
         n_total = len(pairs)
         parts = list(pairs.batches(self.batch_size))
-        bar = tqdm(total=len(parts) * len(self.sites_), desc="activation patching",
-                   disable=bar_disabled(self.progress))
+        bar = progress_bar(total=len(parts) * len(self.sites_), desc="activation patching", unit="site batches",
+                           progress=self.progress)
         for part in parts:
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             target_score += float(metric_of(self.model, target, part, self.metric_).sum())

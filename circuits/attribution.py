@@ -32,9 +32,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 from interp.sites import parse_site
 
 from .components import Node, Receiver, parse_nodes, parse_receivers
@@ -139,7 +138,7 @@ class AttributionPatching:
         pairs = prepare(self.model, pairs, self.metric_)
         sites = sorted({node_site(n) for n in self.nodes_} | {site("embed")}, key=_order)
         totals: dict[str, Tensor] = {}
-        bar = tqdm(total=len(pairs), desc="attribution (nodes)", disable=bar_disabled(self.progress))
+        bar = progress_bar(total=len(pairs), desc="attribution (nodes)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             tgt, src = cache(self.model, target, sites), cache(self.model, source, sites)
@@ -185,7 +184,7 @@ class AttributionPatching:
         rec_sites = sorted({receiver_site(model, r) for r in receivers}, key=_order)
         w_o = {layer: model.head_output_weights(layer) for layer in {s.layer for s in senders if s.kind == "head"}}
         scores = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
-        bar = tqdm(total=len(pairs), desc="attribution (edges)", disable=bar_disabled(self.progress))
+        bar = progress_bar(total=len(pairs), desc="attribution (edges)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             tgt, src = cache(model, target, node_sites), cache(model, source, node_sites)

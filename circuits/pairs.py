@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import torch
 from jaxtyping import Int
 
+from interp.prompts import as_prompts
 from interp.tokens import Batch, pad
 
 Tensor = torch.Tensor
@@ -103,12 +104,7 @@ def _token_ids(model, answers, n: int, what: str) -> Optional[Tensor]:
 
 
 def _as_batch(model, prompts, what: str) -> tuple[Batch, list[list[int]]]:
-    if isinstance(prompts, Tensor):
-        if prompts.dim() != 2:
-            raise ValueError(f"{what} token ids must be [n, pos], got shape {tuple(prompts.shape)}")
-        ids = prompts.long()
-        mask = torch.ones_like(ids)
-        return Batch(ids, mask, (mask.cumsum(-1) - 1), torch.zeros(len(ids), dtype=torch.long)), ids.tolist()
+    """Any input kind :func:`interp.prompts.as_prompts` takes (text or token ids), right-padded."""
     enc = model.encode(prompts)
     return pad(enc, model.pad_token_id, "right"), [e.ids for e in enc]
 
@@ -127,6 +123,7 @@ def make_pairs(
     """
     if isinstance(clean, str) or isinstance(corrupted, str):
         raise TypeError("clean and corrupted must be sequences of prompts (wrap a single prompt in a list)")
+    clean, corrupted = as_prompts(clean), as_prompts(corrupted)  # any input kind, validated in one place
     n_clean, n_corr = len(clean), len(corrupted)
     if n_clean != n_corr:
         raise ValueError(f"got {n_clean} clean prompts but {n_corr} corrupted ones; patching needs one corrupted prompt per clean prompt")

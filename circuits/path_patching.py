@@ -32,9 +32,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
 
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
@@ -132,8 +131,8 @@ class PathPatching:
         target_score = source_score = 0.0
         parts = list(pairs.batches(self.batch_size))
         senders = [s for s in self.senders_ if any(e[0] == s for e in edges)]
-        bar = tqdm(total=len(parts) * len(senders), desc="path patching",
-                   disable=bar_disabled(self.progress))
+        bar = progress_bar(total=len(parts) * len(senders), desc="path patching", unit="sender batches",
+                           progress=self.progress)
         for part in parts:
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             target_score += float(metric_of(self.model, target, part, self.metric_).sum())

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
-from tqdm.auto import tqdm
 
 from .models import Model, load_model
-from .progress import bar_disabled
+from .progress import progress_bar
 from .prompts import Prompt, as_prompts
 from .store import ActivationStore
 from .tokens import PositionSpec, encode, resolve_positions
@@ -73,7 +72,7 @@ def capture(
     job = _Job(model, sites, encoded, token_positions, positions, batch_size, dtype, torch.device(device), padding_side)
 
     if store is None:
-        bar = tqdm(total=len(prompts), desc="capture", unit="prompt", disable=bar_disabled(progress, len(prompts), batch_size))
+        bar = progress_bar(total=len(prompts), desc="capture", unit="prompts", progress=progress, threshold=batch_size)
         data, mask = job.rows(0, len(prompts), bar)
         bar.close()
         return Activations(data, prompts, positions, mask)
@@ -88,7 +87,7 @@ def capture(
     }
     store.prepare(key, n_rows=len(prompts), shard_size=shard_size)
     todo = store.missing_shards()
-    bar = tqdm(total=len(prompts), desc="capture", unit="prompt", disable=bar_disabled(progress, len(prompts), batch_size))
+    bar = progress_bar(total=len(prompts), desc="capture", unit="prompts", progress=progress, threshold=batch_size)
     bar.update(len(prompts) - sum(store.shard_rows(i) for i in todo))
     for i in todo:
         start, stop = store.shard_range(i)
@@ -101,7 +100,8 @@ def capture(
 
 
 def data_hash(prompts: Sequence[Prompt], positions: PositionSpec) -> str:
-    payload = json.dumps({"prompts": [[p.text, p.subject] for p in prompts], "positions": positions}, sort_keys=True)
+    rows = [[p.text, p.subject] if p.ids is None else list(p.ids) for p in prompts]
+    payload = json.dumps({"prompts": rows, "positions": positions}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

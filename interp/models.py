@@ -92,6 +92,8 @@ class Model:
     @property
     def pad_token_id(self) -> int:
         tok = self.tokenizer
+        if tok is None:
+            return 0
         for candidate in (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id):
             if candidate is not None:
                 return int(candidate)
@@ -251,10 +253,14 @@ def load_model(
     if isinstance(spec, Model):
         if spec.backend_name == backend:
             return spec
-        hf = spec.hf_model
-        if hf is None:
-            raise ValueError(f"this {spec.backend_name} model has no HuggingFace module to re-wrap")
-        return load_model(hf, backend, tokenizer=tokenizer or spec.tokenizer, device=device, dtype=dtype, name=name or spec.name)
+        kwargs = dict(tokenizer=tokenizer or spec.tokenizer, device=device, dtype=dtype, name=name or spec.name)
+        if spec.source is not None and Path(spec.source).exists():
+            return load_model(spec.source, backend, **kwargs)  # the weights as saved, not as a backend rewrote them
+        original = spec.backend.source_module
+        if original is None:
+            raise ValueError(f"this {spec.backend_name} model has no HuggingFace module or directory to load through "
+                             f"the {backend} backend")
+        return load_model(original, backend, **kwargs)
     if isinstance(spec, (str, os.PathLike)):
         path = resolve_path(spec)
         loaded, tok = cls.load_directory(path, tokenizer, device, dtype)

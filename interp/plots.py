@@ -4,11 +4,15 @@
 palette (Okabe & Ito), white background, and the figure sizes of one- and two-column layouts.
 ``export(fig, path_without_suffix, formats=("html", "png", "svg", "pdf"))`` writes each format;
 static formats go through kaleido, which drives a Chromium (Debian's ``chromium`` package is
-found without configuration; ``BROWSER_PATH`` overrides). HTML files are self-contained.
+found without configuration; ``BROWSER_PATH`` overrides). Without one, the static formats are
+skipped with one clear warning per process (how to enable them; ``interp figures DIR`` adds them
+later), and the HTML is still written. HTML figures share one ``plotly.min.js`` per folder
+(plotly's ``include_plotlyjs="directory"``: 4.8 MB once, not in every file); they open offline.
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -36,7 +40,26 @@ def style(fig: go.Figure, size: str = "one-column") -> go.Figure:
 
 
 class ExportError(RuntimeError):
-    pass
+    """Static export failed; ``hung``: kaleido did not finish in time (else: no browser, or it failed)."""
+
+    def __init__(self, message: str, hung: bool = False):
+        super().__init__(message)
+        self.hung = hung
+
+
+#: what to do when no Chromium is available, said once per process
+STATIC_HELP = ("static figures (PNG, SVG, PDF) were skipped: kaleido needs a Chrome/Chromium. Install one (Debian: "
+               "`apt-get install -y chromium`) or set BROWSER_PATH to its binary, then run `interp figures DIR` on the "
+               "results folder to add them; the HTML figures were written")
+_warned_static = False
+
+
+def warn_static_skipped() -> None:
+    """Log :data:`STATIC_HELP` as a warning, once per process."""
+    global _warned_static
+    if not _warned_static:
+        _warned_static = True
+        logging.getLogger("interp").warning(STATIC_HELP)
 
 
 #: seconds one figure's static export may take before the exporting process is killed and retried
@@ -52,13 +75,16 @@ kaleido.write_fig_from_object_sync([{"fig": fig, "path": p, "opts": {"format": f
 """
 
 
-def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "png", "svg", "pdf")) -> list[Path]:
+def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "png", "svg", "pdf"),
+           missing_browser: str = "warn") -> list[Path]:
     """Write ``fig`` as ``stem.<format>`` for each format; returns the paths written.
 
     Static formats are rendered by kaleido in a child process, all formats of the figure in one
     browser session, with a time limit (:data:`EXPORT_TIMEOUT`): kaleido 1.x can very rarely hang
     for ever (plotly/Kaleido#441), so a hung export is killed and tried once more, then reported
-    as an :class:`ExportError` rather than hanging the caller."""
+    as an :class:`ExportError` rather than hanging the caller. When static export fails for want
+    of a browser, ``missing_browser="warn"`` (default) skips it with :func:`warn_static_skipped`;
+    ``"raise"`` raises the :class:`ExportError`."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     formats = list(formats)
@@ -67,10 +93,16 @@ def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "
         raise ValueError(f"unknown export format {unknown[0]!r}; use html, png, svg or pdf")
     if "html" in formats:
         with atomic_path(stem.with_suffix(".html")) as tmp:
-            fig.write_html(tmp, include_plotlyjs=True, full_html=True)
+            fig.write_html(tmp, include_plotlyjs="directory", full_html=True)
     static = [(f, stem.with_suffix("." + f)) for f in formats if f != "html"]
     if static:
-        _export_static(fig, static)
+        try:
+            _export_static(fig, static)
+        except ExportError as err:
+            if missing_browser == "raise" or err.hung:
+                raise
+            warn_static_skipped()
+            return [stem.with_suffix(".html")] if "html" in formats else []
     return [stem.with_suffix("." + f) for f in formats]
 
 
@@ -97,4 +129,4 @@ def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
     names = ", ".join(p.name for _, p in targets)
     hint = "" if hung else (" kaleido needs Chromium: on Debian `apt-get install -y chromium`, or set BROWSER_PATH to a "
                             "Chrome/Chromium binary.")
-    raise ExportError(f"static export to {names} failed ({err}).{hint}")
+    raise ExportError(f"static export to {names} failed ({err}).{hint}", hung=hung)

@@ -45,17 +45,31 @@ class Encoded:
 
 
 def encode(tokenizer, prompts: Sequence[Prompt]) -> list[Encoded]:
-    if not getattr(tokenizer, "is_fast", False):
-        raise TypeError(
-            "the tokenizer must be a fast (Rust) HuggingFace tokenizer, which reports character "
-            "offsets; load it with AutoTokenizer.from_pretrained(path, use_fast=True)"
-        )
-    out = tokenizer([p.text for p in prompts], return_offsets_mapping=True, add_special_tokens=True)
-    return [Encoded(list(ids), [tuple(o) for o in offs]) for ids, offs in zip(out["input_ids"], out["offset_mapping"])]
+    """Token ids and character offsets of every prompt; prompts given as token ids are taken as
+    they are (no tokenizer needed for them)."""
+    texts = [p.text for p in prompts if p.ids is None]
+    done = iter([])
+    if texts:
+        if tokenizer is None:
+            raise TypeError("text prompts need the model's tokenizer, and this model has none: pass token ids "
+                            "(a [n, pos] tensor), or load the model with tokenizer=...")
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError(
+                "the tokenizer must be a fast (Rust) HuggingFace tokenizer, which reports character "
+                "offsets; load it with AutoTokenizer.from_pretrained(path, use_fast=True)"
+            )
+        out = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=True)
+        done = iter([Encoded(list(ids), [tuple(o) for o in offs]) for ids, offs in zip(out["input_ids"], out["offset_mapping"])])
+    return [Encoded(list(p.ids), []) if p.ids is not None else next(done) for p in prompts]
 
 
 def subject_tokens(enc: Encoded, prompt: Prompt, index: int) -> list[int]:
     """Indices of the tokens that overlap the (first occurrence of the) subject string."""
+    if prompt.ids is not None:
+        raise PositionError(
+            f"prompt {index} is given as token ids, which have no text to find a subject in; use positions "
+            "'last', 'all' or integers, or pass Prompt(text, subject=...)"
+        )
     if prompt.subject is None:
         raise PositionError(
             f"prompt {index} ({prompt.text!r}) has no subject, but a subject position was asked for; "
@@ -95,7 +109,7 @@ def resolve_positions(enc: Encoded, prompt: Prompt, spec: PositionSpec, index: i
         q = p + n if p < 0 else p
         if not 0 <= q < n:
             raise PositionError(
-                f"position {p} is outside prompt {index} ({prompt.text!r}), which has {n} tokens "
+                f"position {p} is outside prompt {index} ({prompt.label}), which has {n} tokens "
                 f"(valid: {-n} to {n - 1})"
             )
         out.append(q)

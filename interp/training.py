@@ -22,9 +22,8 @@ import time
 from typing import Iterator, Optional
 
 import torch
-from tqdm.auto import tqdm
 
-from .progress import bar_disabled
+from .progress import progress_bar
 
 
 def seed_torch(value: int) -> None:
@@ -54,7 +53,7 @@ class TrainingLoop:
         if self.threads is not None:
             torch.set_num_threads(self.threads)
         self._start = time.time()
-        self._bar = tqdm(range(self.steps), desc=self.desc, disable=bar_disabled(self.progress))
+        self._bar = progress_bar(range(self.steps), desc=self.desc, unit="step", progress=self.progress)
         try:
             for step in self._bar:
                 yield step

@@ -17,10 +17,9 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import pandas as pd
 import plotly.graph_objects as go
-from tqdm.auto import tqdm
 
 from interp.plots import PALETTE, style
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 
 
 def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Callable],
@@ -30,7 +29,7 @@ def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Cal
         raise ValueError("no analyzers given: pass a dict name -> function(checkpoint)")
     rows = []
     items = list(checkpoints)
-    for step, ckpt in tqdm(items, desc="checkpoints", disable=bar_disabled(progress)):
+    for step, ckpt in progress_bar(items, desc="checkpoints", unit="checkpoints", progress=progress):
         for name, fn in analyzers.items():
             value = fn(ckpt)
             if isinstance(value, Mapping):

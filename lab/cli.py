@@ -19,7 +19,9 @@
 """
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -57,6 +59,14 @@ if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
     transformers.logging.set_verbosity_error()
 
 app = typer.Typer(help="Activation capture, probes and generalization studies.", no_args_is_help=True)
+
+
+@app.callback()
+def _setup() -> None:
+    """Progress in a log: when stderr is not a terminal (``interp study > run.log 2>&1``), long
+    stages report through logging (see :mod:`interp.progress`) instead of redrawing bars."""
+    if not sys.stderr.isatty() and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
 world_app = typer.Typer(help="Synthetic knowledge worlds and the embedded world model.", no_args_is_help=True)
 app.add_typer(world_app, name="world")
 study_app = typer.Typer(help="The generalization study (the main job).", invoke_without_command=True)

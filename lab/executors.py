@@ -9,9 +9,16 @@ finishes. An executor only decides *where* they run:
   ``address="auto"`` / ``"ray://head:10001"`` for an existing cluster), one GPU per task when the
   cluster has GPUs. Install with ``pip install -e ".[ray]"``.
 
-Because every job is seeded and writes its result as it finishes, results are identical whichever
-executor runs them, a crashed worker or a killed driver loses no finished job, and rerunning the
-study runs only what is missing. Jobs that fail are collected and reported together
+Because every job is seeded and writes its result as it finishes, a crashed worker or a killed
+driver loses no finished job, and rerunning the study runs only what is missing.
+
+**Threads.** Every executor takes ``threads=``, the torch threads each job runs with: by default
+the serial executor keeps this process's setting and a Ray task uses the CPUs it was given
+(``num_cpus``), so jobs never oversubscribe the machine (two 2-thread workers on 2 cores ran 10x
+slower than two 1-thread ones). Float reductions depend on the thread count, so results are
+bit-identical across executors when the jobs run with the same number of threads, e.g.
+``SerialExecutor(threads=1)`` and ``RayExecutor(num_cpus=1)`` (tested); with different counts they
+differ in the last digits. Jobs that fail are collected and reported together
 (:class:`JobsFailedError`) after every other job has finished.
 """
 from __future__ import annotations
@@ -19,9 +26,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional, Sequence
 
-from tqdm.auto import tqdm
+import torch
 
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 
 
 class JobsFailedError(RuntimeError):
@@ -35,6 +42,8 @@ class JobsFailedError(RuntimeError):
 
 class Executor(ABC):
     name: str = "executor"
+    #: torch threads per job (None: the executor's default, see the module docstring)
+    threads: Optional[int] = None
 
     @abstractmethod
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any], on_result: Optional[Callable[[int, Any], None]] = None,
@@ -45,15 +54,16 @@ class Executor(ABC):
 class SerialExecutor(Executor):
     name = "serial"
 
-    def __init__(self, progress: Optional[bool] = None):
+    def __init__(self, progress: Optional[bool] = None, threads: Optional[int] = None):
         self.progress = progress
+        self.threads = threads
 
     def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
         labels = list(labels or map(str, range(len(items))))
         results, failures = [None] * len(items), {}
-        for i, item in enumerate(tqdm(items, desc=desc, disable=bar_disabled(self.progress))):
+        for i, item in enumerate(progress_bar(items, desc=desc, unit="jobs", progress=self.progress)):
             try:
-                results[i] = fn(item)
+                results[i] = _call_with_threads(fn, item, self.threads)
             except Exception as err:  # keep going: every other job still runs and is saved
                 failures[i] = err
                 continue
@@ -71,9 +81,8 @@ class RayExecutor(Executor):
     ----------
     address : a running cluster's address (None: start or reuse a local one)
     num_cpus : CPUs reserved per task
-    threads : torch threads inside each task (default: this process's ``torch.get_num_threads()``,
-        so float reductions, and with them every number, match a serial run bit for bit; set it to
-        ``num_cpus`` to avoid oversubscribing a small machine, at the price of last-digit differences)
+    threads : torch threads inside each task (default: ``num_cpus``, the CPUs the task was given;
+        see the module docstring for what makes results bit-identical across executors)
     num_gpus : GPUs per task (None: 1 when the cluster has GPUs, else 0)
     max_retries : Ray's automatic retries of a task whose worker died
     init_kwargs : passed to ``ray.init`` (e.g. ``num_cpus=2`` for a local cluster)
@@ -110,13 +119,11 @@ class RayExecutor(Executor):
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
         task = ray.remote(_call_with_threads).options(**options)
-        import torch
-
-        threads = self.threads or torch.get_num_threads()
+        threads = self.threads or max(1, int(self.num_cpus))
         refs = {task.remote(fn, item, threads): i for i, item in enumerate(items)}
         pending = list(refs)
         results, failures = [None] * len(items), {}
-        bar = tqdm(total=len(items), desc=f"{desc} (ray)", disable=bar_disabled(self.progress))
+        bar = progress_bar(total=len(items), desc=f"{desc} (ray)", unit="jobs", progress=self.progress)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
@@ -135,11 +142,15 @@ class RayExecutor(Executor):
         return results
 
 
-def _call_with_threads(fn, item, threads: int):
-    import torch
-
-    torch.set_num_threads(threads)
-    return fn(item)
+def _call_with_threads(fn, item, threads: Optional[int]):
+    """``fn(item)`` with ``threads`` torch threads (None: as they are), restored afterwards."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return fn(item)
+    finally:
+        torch.set_num_threads(before)
 
 
 def executor_for(spec) -> Executor:

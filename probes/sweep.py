@@ -31,11 +31,10 @@ import numpy as np
 import pandas as pd
 import torch
 from sklearn.model_selection import StratifiedKFold
-from tqdm.auto import tqdm
 
 from interp.capture import capture
 from interp.models import Model
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 from interp.relations import Relation, RelationError
 from interp.sites import parse_site
 
@@ -132,7 +131,7 @@ class ProbeSweep:
             source.check_sites(sites)
             model_name = model_name or source.name
             features = {}
-            for p in tqdm(prepared, desc="capture relations", disable=bar_disabled(self.progress, len(prepared), 1)):
+            for p in progress_bar(prepared, desc="capture relations", unit="relations", progress=self.progress, threshold=1):
                 prompts = [p.relation.prompts()[i] for i in p.keep]
                 acts = capture(source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False)
                 features[p.relation.name] = {s: acts[s] for s in sites}
@@ -251,7 +250,7 @@ class ProbeSweep:
                 trial = [item]
             part = trial
         chunks.append(part)
-        bar = tqdm(total=len(groups), desc="probes", unit="site", disable=bar_disabled(self.progress, len(groups), 1))
+        bar = progress_bar(total=len(groups), desc="probes", unit="sites", progress=self.progress, threshold=1)
         for part in chunks:
             d = part[0][2].shape[-1]
             if any(x.shape[-1] != d for _, _, x in part):

@@ -286,6 +286,29 @@ def test_path_patching_finds_induction_circuit(induction, backend):
     assert by_input["k"] > 3 * max(abs(by_input["q"]), abs(by_input["v"]))  # K-composition, not Q or V
 
 
+def test_single_token_corruption_isolates_the_previous_token_path():
+    """Replacing the whole first copy also changes the current-token information reaching the
+    keys, so path patching credits a head that barely attends to the previous token; replacing
+    one token of the first copy (metric: the answer's log-probability at its second occurrence)
+    leaves only the previous-token path, matching the attention-pattern truth."""
+    from lab.experiments.induction import induction_metric, induction_pairs, previous_token_scores
+
+    model = interp.load_model("induction")
+    receivers = [f"L1H{h}.{c}" for h in range(model.n_heads) for c in "qkv"]
+    credit = {}
+    for corruption in ("token", "copy"):
+        pairs = induction_pairs(model, n=24, corruption=corruption)
+        prev = previous_token_scores(model, pairs)
+        weak = int(prev.argmin())
+        assert prev[weak] < 0.3 < 0.6 < prev.max()
+        df = PathPatching(model, induction_metric, senders=[f"L0H{h}" for h in range(model.n_heads)], receivers=receivers,
+                          progress=False).run(pairs)
+        top = df.sort_values("normalized", ascending=False).iloc[0]
+        assert top.sender == f"L0H{int(prev.argmax())}" and top.receiver_input == "k"
+        credit[corruption] = df[df.sender == f"L0H{weak}"].normalized.abs().max()
+    assert credit["token"] < 0.02 < 0.05 < credit["copy"], credit
+
+
 def test_attribution_tracks_activation_patching_on_induction(induction):
     """Per (head, position) cell, AtP's linear estimates follow the exact patching effects."""
     from scipy.stats import pearsonr, spearmanr

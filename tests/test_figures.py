@@ -62,3 +62,30 @@ def test_regenerate_every_figure_of_a_results_folder(tmp_path):
     empty.mkdir()
     result = CliRunner().invoke(app, ["figures", str(empty)])
     assert result.exit_code != 0 and "no saved results" in str(result.exception)
+
+
+def test_html_figures_share_one_copy_of_plotly_js(tmp_path):
+    figs = [go.Figure(go.Scatter(x=[0, 1], y=[i, 2])) for i in range(2)]
+    paths = [export(f, tmp_path / f"fig{i}", ("html",))[0] for i, f in enumerate(figs)]
+    assert [p.name for p in tmp_path.glob("*.js")] == ["plotly.min.js"]
+    for p in paths:
+        text = p.read_text()
+        assert 'src="plotly.min.js"' in text and len(text) < 100_000  # not 4.8 MB of plotly.js each
+
+
+def test_without_a_browser_static_export_is_skipped_with_one_clear_warning(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import interp.plots as plots
+
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-browser"))
+    monkeypatch.setattr(plots, "_warned_static", False)
+    caplog.set_level(logging.WARNING, logger="interp")
+    fig = go.Figure(go.Scatter(x=[0, 1], y=[1, 2]))
+    for name in ("a", "b"):
+        assert export(fig, tmp_path / name, ("html", "png")) == [tmp_path / f"{name}.html"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "apt-get install -y chromium" in warnings[0] and "interp figures DIR" in warnings[0]
+    assert not (tmp_path / "a.png").exists()
+    with pytest.raises(plots.ExportError):
+        export(fig, tmp_path / "c", ("png",), missing_browser="raise")

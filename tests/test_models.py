@@ -84,3 +84,25 @@ def test_fingerprint_tracks_weights():
         hf.transformer.wte.weight[0, 0] += 1.0
     b = interp.load_model(hf, backend="nnsight", tokenizer=tok).fingerprint()
     assert a != b and len(a) == 16
+
+
+def test_the_transformer_lens_backend_never_changes_the_users_model():
+    """Booting a TransformerBridge rewrites the modules it wraps; the backend wraps a copy, so the
+    user's model, and an nnsight handle on it made before or after, keep working unchanged."""
+    hf, tok = build("gpt2")
+    x = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        before_logits = hf(input_ids=x).logits.clone()
+    modules_before = [type(m) for m in hf.modules()]
+    early = interp.load_model(hf, backend="nnsight", tokenizer=tok)
+    tl = interp.load_model(hf, backend="transformer_lens", tokenizer=tok)
+    assert [type(m) for m in hf.modules()] == modules_before
+    with torch.no_grad():
+        assert torch.equal(hf(input_ids=x).logits, before_logits)
+    site = "blocks.0.attn.hook_q"
+    late = interp.load_model(tl, backend="nnsight")
+    ref = interp.capture(tl, PROMPTS, sites=[site])[site]
+    for handle in (early, late):
+        torch.testing.assert_close(interp.capture(handle, PROMPTS, sites=[site])[site], ref, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="rewritten the HuggingFace model"):
+        interp.load_model(tl.backend.bridge, backend="nnsight", tokenizer=tok)

@@ -98,6 +98,12 @@ class Backend(ABC):
         """The HuggingFace model holding the weights, when there is one."""
         return None
 
+    @property
+    def source_module(self) -> Optional[torch.nn.Module]:
+        """The HuggingFace model as the user gave it, never modified by this backend (what another
+        backend wraps when the same handle is loaded again through it); None if there is none."""
+        return self.hf_model
+
     def _require_hf(self, what: str) -> torch.nn.Module:
         if self.hf_model is None:
             raise TypeError(f"{what} needs the underlying HuggingFace model, which this {self.name} model does not have")

@@ -25,7 +25,7 @@ _SERVED = frozenset({"output", "input", "inputs", "source"})
 
 class NNsightBackend(Backend):
     name = "nnsight"
-    accepts_description = "a HuggingFace model (with tokenizer=), or a TransformerBridge (its HuggingFace model)"
+    accepts_description = "a HuggingFace model (with tokenizer=)"
 
     @classmethod
     def accepts(cls, spec) -> bool:
@@ -34,7 +34,10 @@ class NNsightBackend(Backend):
     @classmethod
     def load(cls, spec, tokenizer=None, device=None, dtype=None):
         if hasattr(spec, "original_model") and hasattr(spec, "hook_dict"):  # a TransformerBridge
-            return cls.load(spec.original_model, tokenizer or spec.tokenizer, device, dtype)
+            raise ValueError("a TransformerBridge has rewritten the HuggingFace model it wraps (its q/k/v and hook "
+                             "points), so nnsight cannot hook that model reliably; load the HuggingFace model itself or "
+                             "its directory with backend='nnsight' (a handle from interp.load_model(..., "
+                             "backend='transformer_lens') can be passed: it remembers its source)")
         if tokenizer is None:
             raise ValueError("a model passed as a module needs its tokenizer: load_model(module, tokenizer=...)")
         return cls(place(spec, device, dtype)), tokenizer, name_of(spec)

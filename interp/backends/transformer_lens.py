@@ -40,9 +40,14 @@ class TransformerLensBackend(Backend):
         if isinstance(spec, (TransformerBridgeConfig, dict)):
             bridge = TransformerBridge.boot_native(spec, tokenizer=_tl_tokenizer(tokenizer), device=device, dtype=dtype)
             return cls(bridge.eval()), tokenizer, "native"
-        bridge = TransformerBridge.boot_transformers(getattr(spec.config, "_name_or_path", "") or "in-memory", hf_model=spec,
-                                                     tokenizer=_tl_tokenizer(tokenizer), device=device)
-        return cls(place(bridge, device, dtype)), tokenizer, name_of(spec)
+        # the bridge rewrites the modules it wraps (its q/k/v, hook points): it wraps a copy, so the
+        # user's model (and any nnsight handle on it) is never changed behind their back
+        bridge = TransformerBridge.boot_transformers(getattr(spec.config, "_name_or_path", "") or "in-memory",
+                                                     hf_model=copy.deepcopy(spec), tokenizer=_tl_tokenizer(tokenizer),
+                                                     device=device)
+        backend = cls(place(bridge, device, dtype))
+        backend._source_module = spec
+        return backend, tokenizer, name_of(spec)
 
     @classmethod
     def load_directory(cls, path, tokenizer=None, device=None, dtype=None):
@@ -77,6 +82,12 @@ class TransformerLensBackend(Backend):
     @property
     def model_type(self) -> Optional[str]:
         return self._model_type
+
+    @property
+    def source_module(self):
+        """The user's HuggingFace model this bridge was booted from (a copy of it runs here); None
+        for a bridge from a directory (reload it from there) or a native one."""
+        return getattr(self, "_source_module", None)
 
     def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "TransformerLensBackend":
         bridge = copy.deepcopy(self.bridge, memo=_detached_caches(self.bridge))

@@ -145,31 +145,73 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     return out
 
 
-def induction_pairs(model, n: int = 32, half: Optional[int] = None, seed: int = 0) -> Pairs:
-    """Clean: ``<eos> r r`` (a random half repeated); corrupted: the first half replaced by other
-    random tokens, so the second half has nothing to induct from. Same lengths by construction."""
+def induction_pairs(model, n: int = 32, half: Optional[int] = None, seed: int = 0, corruption: str = "token") -> Pairs:
+    """Clean and corrupted inputs for the induction circuit. Clean: ``<eos> r_1 .. r_L r_1 .. r_L``,
+    a random segment of ``half`` = L tokens repeated.
+
+    - ``corruption="token"`` (the default): the prompt ends at the second occurrence of ``r_j``
+      (j = L // 2) and the answer is ``r_{j+1}``, what induction predicts there; the corrupted
+      prompt replaces the *first* ``r_j`` alone by a token absent from the segment. Only the
+      previous-token information reaching the key of the position after the first ``r_j`` changes
+      (that key's own token is unchanged), so path patching isolates the previous-token path.
+      Metric: :func:`induction_metric`, the answer's log-probability at the last position.
+    - ``corruption="copy"``: the whole first copy is replaced, and the metric averages the correct
+      next token's log-probability over the second copy. This also changes the current-token
+      information that reaches the keys, which confounds the circuit: on the shipped model path
+      patching then credits the second layer-0 head (previous-token score 0.21) with 0.12 of the
+      effect, against 0.001 under the single-token corruption (docs/circuits.md).
+    """
+    if corruption not in ("token", "copy"):
+        raise ValueError(f"corruption must be 'token' or 'copy', got {corruption!r}")
     vocab = sum(1 for t in model.tokenizer.get_vocab() if t.startswith("t") and t[1:].isdigit())
     if vocab == 0:
         raise ValueError("induction_pairs needs a model whose vocabulary has the words t0, t1, ... (the induction model)")
     if half is None:
         half = 10
+    if half < 3:
+        raise ValueError(f"half must be at least 3 (a segment to repeat), got {half}")
     gen = torch.Generator().manual_seed(seed)
     ids = _ids(model.tokenizer, vocab)
     bos = model.tokenizer.eos_token_id
     clean = repeated_sequences(n, half, ids, gen, bos)
-    other = ids[torch.randint(len(ids), (n, half), generator=gen)]
+    if corruption == "copy":
+        other = ids[torch.randint(len(ids), (n, half), generator=gen)]
+        corrupted = clean.clone()
+        corrupted[:, 1 : half + 1] = other
+        return make_pairs(model, clean, corrupted)
+    j = half // 2
+    answer = clean[:, j + 1].clone()
+    clean = clean[:, : half + j + 1]  # ends at the second r_j
     corrupted = clean.clone()
-    corrupted[:, 1 : half + 1] = other
-    return make_pairs(model, clean, corrupted)
+    for i in range(n):
+        segment = set(clean[i, 1 : half + 1].tolist())
+        choices = torch.tensor([t for t in ids.tolist() if t not in segment])
+        corrupted[i, j] = choices[torch.randint(len(choices), (1,), generator=gen)]
+    return make_pairs(model, clean, corrupted, answer=answer)
 
 
 def induction_metric(logits: torch.Tensor, pairs: Pairs) -> torch.Tensor:
-    """Mean log-probability of the correct next token over the repeated half (clean tokens), per pair."""
+    """Per pair: with single-token pairs (they carry an ``answer``), the answer's log-probability
+    at the last position; with whole-copy pairs, the mean log-probability of the correct next
+    token over the repeated half."""
     ids = pairs.clean.input_ids.to(logits.device)
+    if pairs.answer is not None:
+        rows = torch.arange(len(ids), device=logits.device)
+        logp = torch.log_softmax(logits[rows, pairs.last.to(logits.device)].float(), -1)
+        return logp.gather(-1, pairs.answer.to(logits.device)[:, None])[:, 0]
     half = (ids.shape[1] - 1) // 2
     pos = torch.arange(half + 1, 2 * half, device=logits.device)
     logp = torch.log_softmax(logits[:, pos].float(), -1)
     return logp.gather(-1, ids[:, pos + 1].unsqueeze(-1)).squeeze(-1).mean(-1)
+
+
+def repeat_length(pairs: Pairs) -> int:
+    """The repeated segment's length L, read off the clean tokens (the last token occurs L earlier)."""
+    ids = pairs.clean.input_ids
+    for d in range(2, ids.shape[1]):
+        if torch.equal(ids[:, -1], ids[:, -1 - d]):
+            return d
+    raise ValueError("these pairs have no repeated segment")
 
 
 def previous_token_scores(model, pairs: Pairs, layer: int = 0) -> torch.Tensor:
@@ -179,9 +221,9 @@ def previous_token_scores(model, pairs: Pairs, layer: int = 0) -> torch.Tensor:
 
 
 def induction_scores(model, pairs: Pairs, layer: int = 1) -> torch.Tensor:
-    """Each head's mean attention from a second-half token to the token after its first
+    """Each head's mean attention from a second-copy token to the token after its first
     occurrence (offset ``half - 1``): ``[n_heads]``."""
-    half = (pairs.n_pos - 1) // 2
+    half = repeat_length(pairs)
     return _attention_scores(model, pairs, layer, offset=half - 1, start=half + 1)
 
 

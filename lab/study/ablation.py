@@ -45,10 +45,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from interp.models import load_model
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 from interp.results import write_json, write_table
 from lab.world import TrainConfig, World, WorldSpec, default_spec, train_world_model
 from lab.world.report import recall
@@ -169,7 +168,7 @@ def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: 
     # fine-tuning-only rows fine-tune the full recipe's model when it is shipped, else the baseline's
     recipe = shipped_checkpoint(spec, train)
     rows, per_relation = [], []
-    for v, s, t in tqdm(plans, desc="variants", disable=bar_disabled(progress)):
+    for v, s, t in progress_bar(plans, desc="variants", unit="variants", progress=progress):
         folder = out / "variants" / _slug(v.name)
         done = folder / "row.json"
         if not done.exists() and only is not None and v.name != "baseline" and v.name not in only:

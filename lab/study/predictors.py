@@ -21,9 +21,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 from interp.results import write_table
 from jacobians import LinearRelationalEmbedding, centroid_alignment
 
@@ -37,7 +36,7 @@ def relation_predictors(model, relations, layer: Optional[int] = None, beta: flo
     layer = model.n_layers // 2 - 1 if layer is None else layer
     lre = LinearRelationalEmbedding(model, layer, beta=beta, icl=False)
     rows = []
-    for r in tqdm(relations, desc="jacobian predictors", disable=bar_disabled(progress)):
+    for r in progress_bar(relations, desc="jacobian predictors", unit="relations", progress=progress):
         res = lre.run(r, n_test=n_test, seed=seed)
         rng = np.random.default_rng(seed)
         pick = rng.choice(len(r), size=min(n_alignment, len(r)), replace=False)

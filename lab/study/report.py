@@ -1,5 +1,6 @@
 """The study's report: one self-contained HTML page (plotly.js inlined once, no network), plus
-every figure as HTML and, when a Chromium is available to kaleido, PNG/SVG/PDF."""
+every figure as HTML (sharing one ``figures/plotly.min.js``) and, when a Chromium is available to
+kaleido, PNG/SVG/PDF."""
 from __future__ import annotations
 
 import html
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from interp.plots import ExportError, export
+from interp.plots import STATIC_HELP, ExportError, export, warn_static_skipped
 from interp.results import write_text
 
 from .figures import build_all
@@ -21,9 +22,11 @@ def write_figures(out: str | Path, static: bool = True) -> dict:
     for name, fig in figs.items():
         formats = ("html", "png", "svg", "pdf") if status["static"] else ("html",)
         try:
-            export(fig, out / "figures" / name, formats)
+            export(fig, out / "figures" / name, formats, missing_browser="raise")
         except ExportError as err:
-            status = {"static": False, "error": str(err)}
+            if not err.hung:
+                warn_static_skipped()
+            status = {"static": False, "error": str(err) if err.hung else STATIC_HELP}
             export(fig, out / "figures" / name, ("html",))
     return {"figures": figs, **status}
 

@@ -45,10 +45,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from interp.models import Model, load_model
-from interp.progress import bar_disabled
+from interp.progress import progress_bar
 from interp.relations import Relation, RelationError
 from interp.results import write_json, write_table
 from lab.executors import SerialExecutor, executor_for
@@ -222,7 +221,7 @@ class Study:
             df["model_top_answers"] = df["model_top_answers"].map(json.loads)
             return df
         rows = []
-        for r in tqdm(self.relations.values(), desc="pretrained answers", disable=bar_disabled(self.progress)):
+        for r in progress_bar(list(self.relations.values()), desc="pretrained answers", unit="relations", progress=self.progress):
             answers = r.answer_set
             scores = self.model.logprobs([p.text for p in r.prompts()], answers)
             top = scores.argsort(-1, descending=True)  # every answer ranked (see _readability)
