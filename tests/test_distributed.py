@@ -126,15 +126,12 @@ def test_serial_executor_collects_failures():
     assert seen == [10, 30]  # the other jobs still ran
 
 
-def _threads(_):
-    return torch.get_num_threads()
-
-
 def test_jobs_run_with_the_threads_their_executor_gives_them(ray_cluster):
     """A Ray task gets as many torch threads as CPUs it was given (not the driver's count, which
     oversubscribed small machines); the serial executor applies ``threads=`` per job and restores
     the caller's setting."""
     before = torch.get_num_threads()
+    _threads = lambda _: torch.get_num_threads()  # noqa: E731 (a lambda: Ray pickles it by value)
     assert RayExecutor(num_cpus=1, progress=False).map(_threads, [0, 1]) == [1, 1]
     assert RayExecutor(num_cpus=1, threads=2, progress=False).map(_threads, [0]) == [2]
     assert SerialExecutor(progress=False, threads=1).map(_threads, [0, 1]) == [1, 1]
