@@ -270,4 +270,17 @@ def _preconditioner(W: dict, n_classes: Tensor, standardize: bool, d: int) -> Te
     reg = torch.ones(d + 1, dtype=R.dtype, device=R.device)
     reg[d] = 0.0
     M = a[..., None, None] * R + torch.diag_embed(W["lam"][..., None] * reg + 1e-8)
-    return torch.linalg.cholesky(M)
+    # A constant feature makes a direction of M zero up to rounding, and the rounding (summation
+    # order, so the thread count and the CPU) can make it slightly negative. The preconditioner
+    # only speeds the solver up (the optimum is unchanged), so such problems get a small jitter.
+    chol, info = torch.linalg.cholesky_ex(M)
+    jitter = 1e-6
+    while (info > 0).any() and jitter < 1e3:
+        scale = M.diagonal(dim1=-2, dim2=-1).abs().mean(-1).clamp(min=1.0)
+        bad = (info > 0)[..., None, None]
+        M = torch.where(bad, M + jitter * scale[..., None, None] * torch.eye(d + 1, dtype=M.dtype, device=M.device), M)
+        chol, info = torch.linalg.cholesky_ex(M)
+        jitter *= 10
+    if (info > 0).any():
+        raise RuntimeError("the probe solver's preconditioner is not positive definite even with jitter")
+    return chol

@@ -132,7 +132,8 @@ class ProbeSweep:
             model_name = model_name or source.name
             features = {}
             for p in progress_bar(prepared, desc="capture relations", unit="relations", progress=self.progress, threshold=1):
-                prompts = [p.relation.prompts()[i] for i in p.keep]
+                every = p.relation.prompts()  # built once per relation (was once per subject)
+                prompts = [every[i] for i in p.keep]
                 acts = capture(source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False)
                 features[p.relation.name] = {s: acts[s] for s in sites}
         else:
