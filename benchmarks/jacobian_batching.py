@@ -19,10 +19,10 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import interp  # noqa: E402  (after the environment above is set)
+
 
 def main() -> None:
-    import interp
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--backend", default=interp.DEFAULT_BACKEND)

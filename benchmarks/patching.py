@@ -23,6 +23,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+import interp  # noqa: E402  (after the environment above is set)
+
 
 def timed(fn):
     start = time.perf_counter()
@@ -31,8 +33,6 @@ def timed(fn):
 
 
 def main() -> None:
-    import interp
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--relation", default="country")

@@ -118,9 +118,8 @@ class Model:
 
     def attention_pattern(self, inputs, layer: int, padding_side: Optional[str] = None) -> torch.Tensor:
         """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""
-        batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
-        dev = self.device
-        return self.backend.attention_pattern(batch.input_ids.to(dev), batch.attention_mask.to(dev), layer)
+        batch = self._on_device(inputs, padding_side)
+        return self.backend.attention_pattern(batch.input_ids, batch.attention_mask, layer)
 
     def resid_site(self, layer: int) -> str:
         return site_name("resid_post", layer)
@@ -133,6 +132,13 @@ class Model:
     def encode(self, prompts) -> list[Encoded]:
         return encode(self.tokenizer, as_prompts(prompts))
 
+    def _on_device(self, inputs, padding_side: Optional[str]) -> Batch:
+        """``inputs`` (any kind :func:`~interp.prompts.as_prompts` takes, or a Batch) as a padded
+        batch on the model's device."""
+        batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
+        dev = self.device
+        return Batch(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev), batch.shift)
+
     def batch(self, encoded: Sequence[Encoded], padding_side: Optional[str] = None) -> Batch:
         side = padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
         return pad(encoded, self.pad_token_id, side)
@@ -140,20 +146,16 @@ class Model:
     def run(self, inputs, hooks: Optional[Mapping[str, HookFn]] = None, padding_side: Optional[str] = None) -> torch.Tensor:
         """Forward pass with ``hooks`` (site -> function of the activation returning ``None`` to
         read or a tensor to write). ``inputs``: prompts, or a :class:`~interp.tokens.Batch`."""
-        batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
+        batch = self._on_device(inputs, padding_side)
         if hooks:
             self.check_sites(list(hooks))
-        dev = self.device
-        return self.backend.run(
-            batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev), hooks
-        )
+        return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, hooks)
 
     def forward(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos vocab"]:
         """Logits of a forward pass without hooks, differentiable (fine-tuning trains through it).
         ``inputs``: prompts, or a :class:`~interp.tokens.Batch`."""
-        batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
-        dev = self.device
-        return self.backend.forward(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev))
+        batch = self._on_device(inputs, padding_side)
+        return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)
 
     def logprobs(self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
                  ) -> Float[torch.Tensor, "prompt candidate"]:
@@ -174,9 +176,7 @@ class Model:
         """A handle on a deep copy of the weights that trains: in full (embedding tables frozen if
         asked) or through LoRA adapters (``lora=LoraSpec(r, alpha)``); see :mod:`interp.trainable`.
         The original model is never modified."""
-        copy_ = Model(self.backend.trainable_copy(lora, freeze_embeddings), self.tokenizer, self.name)
-        copy_.source = None
-        return copy_
+        return Model(self.backend.trainable_copy(lora, freeze_embeddings), self.tokenizer, self.name)
 
     def train(self, mode: bool = True) -> "Model":
         self.module.train(mode)
