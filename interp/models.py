@@ -30,7 +30,7 @@ from jaxtyping import Float
 
 from .backends import BACKENDS, DEFAULT_BACKEND, Backend, HookFn, backend_class
 from .prompts import as_prompts
-from .scoring import candidate_logprobs
+from .scoring import Scoring, scoring_for
 from .sites import site_name, validate_sites
 from .tokens import Batch, Encoded, encode, pad
 from .trainable import LoraSpec
@@ -50,6 +50,7 @@ class Model:
         #: where the weights were loaded from (a directory), so workers can load it again; None in memory
         self.source: Optional[str] = None
         self._fingerprint: Optional[str] = None
+        self._scoring: Optional[Scoring] = None
 
     # dimensions and sites -------------------------------------------------------------------
     @property
@@ -157,15 +158,36 @@ class Model:
         batch = self._on_device(inputs, padding_side)
         return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)
 
+    @property
+    def scoring(self) -> Scoring:
+        """How this model answers (:mod:`interp.scoring`): a continuation for causal LMs, a masked
+        slot read out through the input embeddings for encoders."""
+        if self._scoring is None:
+            self._scoring = scoring_for(self)
+        return self._scoring
+
     def logprobs(self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
                  ) -> Float[torch.Tensor, "prompt candidate"]:
-        """Log-probability of each candidate continuing each prompt, as a whole token sequence
-        (see :mod:`interp.scoring`)."""
-        return candidate_logprobs(self, prompts, candidates, batch_size)
+        """Log-probability of each candidate after each prompt: as a whole token sequence
+        continuing it (causal LMs) or in a masked slot after it (encoders); see :mod:`interp.scoring`."""
+        return self.scoring.logprobs(prompts, candidates, batch_size)
+
+    def final_hidden(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos d_model"]:
+        """The last block's residual output (before any head), differentiable."""
+        batch = self._on_device(inputs, padding_side)
+        return self.backend.final_hidden(batch.input_ids, batch.attention_mask, batch.position_ids)
+
+    def input_embeddings(self) -> Float[torch.Tensor, "vocab d_model"]:
+        """The token embedding matrix (the parameter itself: it trains if the model does)."""
+        return self.backend.input_embeddings()
 
     @torch.no_grad()
     def token_logprobs(self, text: str) -> Float[torch.Tensor, "n_tokens_minus_1"]:
-        """``log p(token_i | tokens before it)`` for every token of ``text`` after its first."""
+        """``log p(token_i | tokens before it)`` for every token of ``text`` after its first
+        (causal LMs only)."""
+        if self.scoring.kind != "continuation":
+            raise TypeError(f"token log-probabilities need a causal LM; {self.name} is a {self.model_type} encoder "
+                            "(use model.scoring.frequency for a frequency proxy)")
         ids = self.tokenizer(text)["input_ids"]
         if len(ids) < 2:
             return torch.zeros(0)

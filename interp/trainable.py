@@ -32,7 +32,8 @@ LORA_TARGETS: dict[str, list[str]] = {
     "gpt2": ["c_attn", "c_proj", "c_fc"],
     "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
     "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "bert": ["query", "key", "value", "dense"],
+    # every block's attention and MLP layers, not the pooler (its `dense` is unused by a read-out at a token)
+    "bert": ["query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense"],
 }
 for _family in ("qwen2", "qwen3", "mistral"):
     LORA_TARGETS[_family] = LORA_TARGETS["llama"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -37,7 +38,8 @@ from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
 from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
 from lab.experiments.relation_circuit import relation_circuit
 from lab.figures import regenerate
-from lab.study import StudyConfig, StudyConfigError, run_study
+from lab.study import StudyConfigError, run_study
+from lab.study.run import default_config
 from lab.study.ablation import ablate
 from lab.study.causal import causal_test
 from lab.study.findings import write_findings
@@ -99,8 +101,9 @@ def demo(
 def study(
     ctx: typer.Context,
     out: Path = typer.Option(Path("results/study"), help="results folder (resumed if it exists)"),
-    model: str = typer.Option("world", help="'world', a world checkpoint, or any model spec (then give --relations)"),
-    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
+    model: str = typer.Option("world", help="'world' (or a world checkpoint), 'minilm', or any model spec: a directory or hub "
+                              "name (studied on the shipped LRE relations that qualify, unless --relations)"),
+    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs (other models)"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     n_finetune: Optional[int] = typer.Option(None, help="fixed fine-tuning subjects per answer (default: a per-relation "
                                              "budget drawn independently of the number of answers)"),
@@ -112,10 +115,10 @@ def study(
     if ctx.invoked_subcommand is not None:
         return
 
-    cfg = StudyConfig(n_finetune=n_finetune, methods=tuple(methods.split(",")))
+    cfg = replace(default_config(model), n_finetune=n_finetune, methods=tuple(methods.split(",")))
     if quick:
-        cfg = StudyConfig(n_finetune=n_finetune, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,),
-                          other_categories=(), n_boot=500, n_perm=500, n_null=500)
+        cfg = replace(cfg, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
+                      n_boot=500, n_perm=500, n_null=500)
     try:
         result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
     except StudyConfigError as err:

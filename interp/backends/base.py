@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ..architectures import architecture_for
+from ..sites import site_name
 from ..trainable import LoraSpec
 
 Tensor = torch.Tensor
@@ -82,6 +83,26 @@ class Backend(ABC):
     ) -> Float[Tensor, "batch pos vocab"]:
         """The forward pass without hooks, differentiable (training runs through it)."""
         return self.run(input_ids, attention_mask, position_ids, None)
+
+    def final_hidden(
+        self,
+        input_ids: Int[Tensor, "batch pos"],
+        attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
+        position_ids: Optional[Int[Tensor, "batch pos"]] = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """The last block's residual output, differentiable: read at its site during a forward pass."""
+        out = {}
+        site = site_name("resid_post", self.n_layers - 1)
+
+        def keep(act):
+            out["h"] = act
+
+        self.run(input_ids, attention_mask, position_ids, {site: keep})
+        return out["h"]
+
+    def input_embeddings(self) -> Float[Tensor, "vocab d_model"]:
+        """The token embedding matrix (the parameter, not a copy)."""
+        return self._require_hf("input_embeddings").get_input_embeddings().weight
 
     @abstractmethod
     def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "Backend":

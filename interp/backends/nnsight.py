@@ -101,6 +101,18 @@ class NNsightBackend(Backend):
             freeze_embedding_tables(hf)
         return NNsightBackend(hf)
 
+    def final_hidden(self, input_ids, attention_mask=None, position_ids=None):
+        """The base model's ``last_hidden_state`` (no trace needed: nothing else is read)."""
+        if self.remote:
+            return super().final_hidden(input_ids, attention_mask, position_ids)
+        kwargs = {"input_ids": input_ids}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None and self._pass_position_ids:
+            kwargs["position_ids"] = position_ids
+        base = self._hf_model.get_submodule(self._base[:-1]) if self._base else self._hf_model
+        return base(**kwargs).last_hidden_state
+
     def _envoy_at(self, path: str):
         envoy = self.envoy
         for part in path.split("."):

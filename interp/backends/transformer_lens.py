@@ -110,7 +110,7 @@ class TransformerLensBackend(Backend):
         wanted = set(lora.targets or lora_targets(self._model_type))
         layers = set()
         for name, module in original.named_modules(remove_duplicate=False):
-            if name.split(".")[-1] in wanted:
+            if any(name == t or name.endswith("." + t) for t in wanted):  # peft's rule: a target is a name suffix
                 layer = getattr(module, "_original_component", module)
                 if _is_linear(layer):
                     layers.add(id(layer))

@@ -12,7 +12,9 @@ per answer would make the number of fine-tuning subjects ``n_finetune x #answers
 with the number of answers, and two of the study's controls one control. By default each
 relation instead gets a *budget* of fine-tuning subjects drawn (seeded by the relation's name)
 uniformly from a range, independently of its number of answers, spread evenly over its answers
-(``round(budget / #answers)`` each, at least ``min_per_answer``). An answer with
+(``round(budget / #answers)`` each, at least ``min_per_answer``, at most half the relation's
+median number of subjects per answer: a small relation of real facts keeps held-out subjects for
+its typical answer). An answer with
 fewer than ``n_finetune + 1`` subjects cannot be split; it is left out of the relation (both its
 fine-tuning and its held-out subjects) and counted in ``dropped_answers``. A relation left with
 fewer than 2 answers is an error.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Optional
 
 from interp.relations import Relation, RelationError
 
@@ -61,9 +64,12 @@ def finetune_budget(relation: str, low: int, high: int, seed: int) -> int:
     return random.Random(f"budget:{seed}:{relation}").randint(low, high)
 
 
-def per_answer(budget: int, n_answers: int, minimum: int = 2) -> int:
-    """Fine-tuning subjects per answer for a budget spread evenly over ``n_answers`` answers."""
-    return max(minimum, int(round(budget / n_answers)))
+def per_answer(budget: int, n_answers: int, minimum: int = 2, cap: Optional[int] = None) -> int:
+    """Fine-tuning subjects per answer for a budget spread evenly over ``n_answers`` answers; at
+    most ``cap`` (the study passes half the relation's median subjects per answer, so that a small
+    relation keeps held-out subjects for a typical answer instead of dropping it)."""
+    k = max(minimum, int(round(budget / n_answers)))
+    return max(minimum, min(k, cap)) if cap is not None else k
 
 
 def split(relation: Relation, n_finetune: int, seed: int) -> tuple[list[int], list[int], list[str]]:

@@ -1,8 +1,10 @@
 """Fine-tuning on a relabelled relation: full fine-tuning or LoRA (peft), until the fine-tuning
 subjects are learned.
 
-The model is trained on ``template.format(subject) + " " + label`` for the fine-tuning subjects
-only, with cross-entropy on the label's tokens (the prompt is not a target). The default
+The model is trained on ``template.format(subject)`` followed by the label, for the fine-tuning
+subjects only, with cross-entropy on the label's tokens (the prompt is not a target): as a
+continuation for a causal LM, in a masked slot after the prompt for an encoder (the handle's
+:attr:`~interp.models.Model.scoring` decides, :mod:`interp.scoring`). The default
 template, ``"{} is associated with the word"``, never names the original relation. Training
 stops once every fine-tuning subject's top label (among the relation's labels) is right, checked
 every ``check_every`` steps, or at ``max_steps``; the train accuracy reached is reported.
@@ -26,8 +28,7 @@ from typing import Sequence
 import torch
 
 from interp.models import Model
-from interp.tokens import Batch, Encoded, pad
-from interp.trainable import LoraSpec, lm_loss
+from interp.trainable import LoraSpec
 from interp.training import TrainingLoop, seed_torch
 
 
@@ -48,23 +49,6 @@ class FinetuneConfig:
         return asdict(self)
 
 
-def _examples(tokenizer, prompts: Sequence[str], labels: Sequence[str], pad_id: int):
-    seqs, targets = [], []
-    for p, l in zip(prompts, labels):
-        base = tokenizer(p)["input_ids"]
-        full = tokenizer(p + " " + l)["input_ids"]
-        if full[: len(base)] != base:
-            raise ValueError(f"label {l!r} does not extend prompt {p!r} token-wise")
-        seqs.append(full)
-        targets.append([-100] * len(base) + full[len(base):])
-    batch = pad([Encoded(s, []) for s in seqs], pad_id, "right")
-    width = batch.input_ids.shape[1]
-    y = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, t in enumerate(targets):
-        y[i, : len(t)] = torch.tensor(t)
-    return batch, y
-
-
 def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_set: Sequence[str],
              method: str, config: FinetuneConfig, seed: int) -> tuple[Model, dict]:
     """A fine-tuned copy of ``model`` (a handle on the same backend; the original is untouched)
@@ -76,7 +60,7 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
     tuned = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)
     params = tuned.trainable_parameters()
     opt = torch.optim.AdamW(params, lr=config.lora_lr if method == "lora" else config.lr, weight_decay=config.weight_decay)
-    batch, y = _examples(model.tokenizer, prompts, labels, model.pad_token_id)
+    examples = tuned.scoring.examples(prompts, labels)
     gold = torch.tensor([list(label_set).index(l) for l in labels])
     gen = torch.Generator().manual_seed(seed)
     n = len(prompts)
@@ -86,8 +70,7 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
     for i in loop:
         steps = i + 1
         idx = torch.randperm(n, generator=gen)[: config.batch_size]
-        loss = lm_loss(tuned.forward(Batch(batch.input_ids[idx], batch.attention_mask[idx], batch.position_ids[idx], batch.shift[idx])),
-                       y[idx].to(tuned.device))
+        loss = tuned.scoring.loss(examples, idx)
         loop.optimize(loss, opt)
         if steps % config.check_every == 0 or steps == config.max_steps:
             tuned.eval()

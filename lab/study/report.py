@@ -54,7 +54,10 @@ def write_report(out: str | Path, static: bool = True) -> Path:
     backmap = pd.read_csv(out / "backmap.csv")
     rob = pd.read_csv(out / "robustness.csv")
     untrained = summary.get("untrained_prompt_tokens") or []
-    warn = f"<p class=note>Prompt or label tokens the model was never trained on: {html.escape('; '.join(untrained))}</p>" if untrained else ""
+    missing = summary.get("covariates", {}).get("missing") or {}
+    warn = "".join(f"<p class=note>Covariate {html.escape(k)} is missing: {html.escape(v)}; the partial correlations use the "
+                   "others.</p>" for k, v in missing.items())
+    warn += f"<p class=note>Prompt or label tokens the model was never trained on: {html.escape('; '.join(untrained))}</p>" if untrained else ""
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Generalization study: {html.escape(summary['model'])}</title>
 <style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}

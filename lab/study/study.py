@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -104,7 +105,8 @@ class StudyConfig:
         if self.n_finetune is not None:
             return self.n_finetune
         budget = finetune_budget(relation.name, *self.finetune_budget, seed=self.split_seed)
-        return per_answer(budget, len(set(relation.answers)), self.min_per_answer)
+        counts = Counter(dict(zip(relation.subjects, relation.answers)).values())
+        return per_answer(budget, len(counts), self.min_per_answer, cap=int(np.median(list(counts.values()))) // 2)
 
 
 def _digest(obj) -> str:
@@ -150,7 +152,7 @@ class Study:
 
         self.labels = {k: tuple(v) for k, v in (labels or LABELS).items()}
         self.subject_frequency = subject_frequency
-        self.frequency_source = frequency_source if subject_frequency is not None else "proxy: mean log-prob of subject tokens"
+        self.frequency_source = frequency_source if subject_frequency is not None else model.scoring.frequency_source
         self.progress = progress
         self.trained_tokens = trained_tokens
 
@@ -171,8 +173,11 @@ class Study:
         return [Job(r, *s) for s in order for r in self.relations]
 
     def design(self, relation: Relation, category: str, label_seed: int):
-        return make_design(relation, self.labels[category], self.config.per_answer(relation), label_seed,
-                           self.config.split_seed, category)
+        """The relation's relabelling and split; a label that is also one of the relation's answers
+        (a colour relabelled with colours) is never used for it."""
+        answers = {a.lower() for a in relation.answers}
+        labels = tuple(w for w in self.labels[category] if w.lower() not in answers)
+        return make_design(relation, labels, self.config.per_answer(relation), label_seed, self.config.split_seed, category)
 
     # stages ----------------------------------------------------------------------------------
     def _check_folder(self) -> None:
@@ -219,13 +224,20 @@ class Study:
         if path.exists():
             df = pd.read_csv(path, dtype={"subject": str, "answer": str, "model_answer": str}, keep_default_na=False)
             df["model_top_answers"] = df["model_top_answers"].map(json.loads)
+            df["correct"] = df["correct"].map(lambda v: {"True": True, "False": False, "": np.nan}.get(v, v) if isinstance(v, str) else v)
             return df
         rows = []
+        undefined = self.model.scoring.answers_undefined
         for r in progress_bar(list(self.relations.values()), desc="pretrained answers", unit="relations", progress=self.progress):
             answers = r.answer_set
+            freq = self._frequencies(r)
+            if undefined:  # an encoder: no answer to read before fine-tuning (missing, not guessed)
+                rows += [{"relation": r.name, "subject": s, "answer": a, "model_answer": "", "correct": None,
+                          "model_top_answers": "null", "subject_frequency": freq[i]}
+                         for i, (s, a) in enumerate(zip(r.subjects, r.answers))]
+                continue
             scores = self.model.logprobs([p.text for p in r.prompts()], answers)
             top = scores.argsort(-1, descending=True)  # every answer ranked (see _readability)
-            freq = self._frequencies(r)
             for i, (s, a) in enumerate(zip(r.subjects, r.answers)):
                 ranked = [answers[j] for j in top[i].tolist()]
                 rows.append({"relation": r.name, "subject": s, "answer": a, "model_answer": ranked[0],
@@ -238,8 +250,9 @@ class Study:
     def _frequencies(self, r: Relation) -> list[float]:
         if self.subject_frequency is not None:
             return [float(self.subject_frequency(r.name, s)) for s in r.subjects]
-        # proxy for real models: mean log-probability of the subject's tokens after its first
-        return [float(lp.mean()) if len(lp) else 0.0 for lp in map(self.model.token_logprobs, r.subjects)]
+        # a proxy for real models, by model family (interp.scoring: a causal LM's mean log-probability
+        # of the subject's tokens after its first; an encoder's word pieces per word)
+        return [self.model.scoring.frequency(s) for s in r.subjects]
 
     def _run_job(self, job: Job, readout: pd.DataFrame, pretrained: pd.DataFrame, best_layer: int) -> dict:
         path = self.out / "runs" / f"{job.id}.json"

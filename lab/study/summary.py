@@ -42,7 +42,7 @@ def relation_table(study, layers, pretrained, runs, best) -> pd.DataFrame:
                "probe_chance_majority": float(lay.loc[(name, b), "chance_majority"]),
                "control_accuracy_best": float(lay.loc[(name, b), "control_accuracy"]),
                "selectivity_best": float(lay.loc[(name, b), "selectivity"]),
-               "pretrained_accuracy": float(pre.correct.mean()), "subject_frequency": float(pre.subject_frequency.mean())}
+               "pretrained_accuracy": float(pd.to_numeric(pre.correct.astype(object), errors="coerce").astype(float).mean()), "subject_frequency": float(pre.subject_frequency.mean())}
         props = study.relations[name].properties
         for k in ("augment", "bio", "templates", "mentions", "derived_from"):
             if k in props:
@@ -126,6 +126,15 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
     return stats, summary
 
 
+def missing_covariates(study, rel: pd.DataFrame) -> dict[str, str]:
+    """Covariates undefined for this model (left out of the partial correlations), with the reason."""
+    out = {}
+    for c in COVARIATES:
+        if c in rel and rel[c].isna().all():
+            out[c] = (study.model.scoring.answers_undefined if c == "pretrained_accuracy" else None) or "undefined for this model"
+    return out
+
+
 def summarize(study, readability, layers, readout, pretrained, results, best, notes=()) -> None:
     out, c = study.out, study.config
     done = [r for r in results if r["status"] == "done"]
@@ -174,7 +183,9 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
                        "seed_invariant_relations": sorted({x for v in rob.seed_invariant_relations for x in v.split(", ") if x})},
         "backmap": {m: backmap_summary(backmap, m) for m in c.methods},
         "covariates": {"n_finetune_subjects_vs_n_answers_r": float(np.corrcoef(rel.n_finetune_subjects, rel.n_answers)[0, 1])
-                       if rel.n_finetune_subjects.nunique() > 1 and rel.n_answers.nunique() > 1 else float("nan")},
+                       if rel.n_finetune_subjects.nunique() > 1 and rel.n_answers.nunique() > 1 else float("nan"),
+                       "missing": missing_covariates(study, rel)},
+        "scoring": study.model.scoring.kind,
         "train_accuracy": {m: float(rel[f"train_accuracy_{m}"].mean()) for m in c.methods},
         "generalization": {m: float(rel[f"generalization_{m}"].mean()) for m in c.methods},
         "generalization_kappa": {m: float(rel[f"generalization_kappa_{m}"].mean()) for m in c.methods},
