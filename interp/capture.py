@@ -77,6 +77,10 @@ def capture(
         bar.close()
         return Activations(data, prompts, positions, mask)
 
+    if getattr(model, "_standing", ()):
+        raise ValueError("a capture to a store is keyed by the model's weights, and this handle also intervenes on every "
+                         "forward pass (model.intervened): its activations would be confused with the plain model's; "
+                         "capture it in memory (no store=)")
     if not isinstance(store, ActivationStore):
         store = ActivationStore(store)
     key = {

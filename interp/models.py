@@ -51,6 +51,8 @@ class Model:
         self.source: Optional[str] = None
         self._fingerprint: Optional[str] = None
         self._scoring: Optional[Scoring] = None
+        #: interventions every forward pass of this handle applies: ``(site, fn(act, batch))``
+        self._standing: tuple[tuple[str, Callable], ...] = ()
 
     # dimensions and sites -------------------------------------------------------------------
     @property
@@ -150,13 +152,37 @@ class Model:
         batch = self._on_device(inputs, padding_side)
         if hooks:
             self.check_sites(list(hooks))
-        return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, hooks)
+        return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, hooks))
 
     def forward(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos vocab"]:
-        """Logits of a forward pass without hooks, differentiable (fine-tuning trains through it).
-        ``inputs``: prompts, or a :class:`~interp.tokens.Batch`."""
+        """Logits of a forward pass (with this handle's standing interventions, if any; no other
+        hooks), differentiable (fine-tuning trains through it). ``inputs``: prompts, or a
+        :class:`~interp.tokens.Batch`."""
         batch = self._on_device(inputs, padding_side)
+        if self._standing:
+            return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, None))
         return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)
+
+    def intervened(self, site: str, fn: Callable[[torch.Tensor, Batch], Optional[torch.Tensor]]) -> "Model":
+        """A handle on the same weights whose every forward pass (``forward``, ``run``,
+        ``logprobs``, ``final_hidden``, captures, and a :meth:`trainable_copy`'s training) first
+        applies ``fn(activation, batch)`` at ``site``; ``fn`` returns the new activation, or None to
+        leave it. ``batch`` (a :class:`~interp.tokens.Batch` on the model's device) tells ``fn``
+        which tokens it sees, e.g. to act at one position per prompt. Erasure and steering run
+        through this (:mod:`lab.study.interventions`); the original handle is unchanged."""
+        (site,) = self.check_sites([site])
+        model = Model(self.backend, self.tokenizer, self.name)
+        model.source, model._standing = self.source, self._standing + ((site, fn),)
+        return model
+
+    def _with_standing(self, batch: Batch, hooks: Optional[Mapping[str, HookFn]]) -> Optional[dict[str, HookFn]]:
+        """``hooks`` with the standing interventions applied first at their sites."""
+        if not self._standing:
+            return dict(hooks) if hooks else hooks
+        merged: dict[str, HookFn] = dict(hooks or {})
+        for site, fn in reversed(self._standing):
+            merged[site] = _compose(fn, merged.get(site), batch)
+        return merged
 
     @property
     def scoring(self) -> Scoring:
@@ -175,7 +201,16 @@ class Model:
     def final_hidden(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos d_model"]:
         """The last block's residual output (before any head), differentiable."""
         batch = self._on_device(inputs, padding_side)
-        return self.backend.final_hidden(batch.input_ids, batch.attention_mask, batch.position_ids)
+        if not self._standing:
+            return self.backend.final_hidden(batch.input_ids, batch.attention_mask, batch.position_ids)
+        out = {}
+
+        def keep(act):
+            out["h"] = act
+
+        self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids,
+                         self._with_standing(batch, {self.resid_site(self.n_layers - 1): keep}))
+        return out["h"]
 
     def input_embeddings(self) -> Float[torch.Tensor, "vocab d_model"]:
         """The token embedding matrix (the parameter itself: it trains if the model does)."""
@@ -198,7 +233,9 @@ class Model:
         """A handle on a deep copy of the weights that trains: in full (embedding tables frozen if
         asked) or through LoRA adapters (``lora=LoraSpec(r, alpha)``); see :mod:`interp.trainable`.
         The original model is never modified."""
-        return Model(self.backend.trainable_copy(lora, freeze_embeddings), self.tokenizer, self.name)
+        model = Model(self.backend.trainable_copy(lora, freeze_embeddings), self.tokenizer, self.name)
+        model._standing = self._standing  # a copy of an intervened handle trains under the same interventions
+        return model
 
     def train(self, mode: bool = True) -> "Model":
         self.module.train(mode)
@@ -354,3 +391,16 @@ def resolve_path(spec: str | os.PathLike) -> Path:
         f"`hf download {spec} --local-dir ./{Path(str(spec)).name}`, copy that folder here and pass "
         f"its path: load_model('./{Path(str(spec)).name}')."
     )
+
+
+def _compose(standing: Callable, user: Optional[HookFn], batch: Batch) -> HookFn:
+    """A hook applying ``standing(act, batch)`` and then ``user`` (a reader or writer) to its result."""
+    def hook(act):
+        new = standing(act, batch)
+        act = act if new is None else new
+        if user is None:
+            return new
+        written = user(act)
+        return written if written is not None else new
+
+    return hook

@@ -57,7 +57,7 @@ Tensor = torch.Tensor
 
 #: HuggingFace ``model_type`` values of encoders (scored through a masked slot)
 ENCODER_TYPES = frozenset({"bert", "roberta", "distilbert", "electra", "albert", "xlm-roberta", "camembert", "mpnet",
-                           "deberta", "deberta-v2", "modernbert"})
+                           "deberta", "deberta-v2"})  # post-LN encoders: the last block's output is the final hidden state
 
 
 @dataclass
@@ -90,6 +90,11 @@ class Scoring(ABC):
     def answers_undefined(self) -> Optional[str]:
         """Why the pretrained model's own answers cannot be read through this scoring, or None."""
         return None
+
+    def context(self, prompt: str) -> str:
+        """The text the model reads when it answers ``prompt`` (for an encoder, with its masked
+        slot): where states that an intervention acts on should be read."""
+        return prompt
 
     @abstractmethod
     def logprobs(self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
@@ -209,6 +214,10 @@ class MaskedSlot(Scoring):
     def answers_undefined(self) -> Optional[str]:
         return (f"{self.model.model_type} is an encoder scored through a read-out tied to its input embeddings, which "
                 "only fine-tuning trains to answer; the pretrained model has no answer to read (no LM head is used)")
+
+    def context(self, prompt: str) -> str:
+        """The prompt with a one-piece slot (every label of :data:`lab.study.labels.REAL_LABELS` is one piece)."""
+        return prompt + " " + self.mask_token
 
     def pieces(self, word: str) -> list[int]:
         ids = self.model.tokenizer(word, add_special_tokens=False)["input_ids"]

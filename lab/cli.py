@@ -1,6 +1,8 @@
 """The ``interp`` command line.
 
     interp study --out DIR           the generalization study on the embedded world model (main job)
+    interp study --model minilm      the same study on a pretrained encoder and the LRE relations that qualify
+    interp study interventions       erase (LEACE) or steer the readable direction: does generalization follow?
     interp study figures DIR         redraw every figure and the report of a results folder
     interp study null DIR            null calibration: false-positive rates with no generalization
     interp study findings            the findings page (docs/study.md) from saved tables
@@ -43,6 +45,8 @@ from lab.study.run import default_config
 from lab.study.ablation import ablate
 from lab.study.causal import causal_test
 from lab.study.findings import write_findings
+from lab.study.interventions import InterventionConfig, Interventions
+from lab.study.interventions import section as intervention_section
 from lab.study.predictors import compare_predictors
 from lab.study.report import write_report
 from lab.study.summary import calibrate_folder
@@ -153,10 +157,13 @@ def study_findings(
     causal: Optional[Path] = typer.Option(None, help="a finished causal test's folder (optional)"),
     world: Optional[Path] = typer.Option(None, help="a saved `interp world report --out FILE` table (optional)"),
     ablation: Optional[Path] = typer.Option(None, help="a finished `interp world ablate` folder (optional)"),
+    real: Optional[Path] = typer.Option(None, help="a finished study on a pretrained model, e.g. `interp study --model minilm` "
+                                        "(optional)"),
+    interventions: Optional[Path] = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
-    """Write the findings page (Markdown) from saved study, causal-test, world and ablation tables."""
-    typer.echo(f"wrote {write_findings(study, out, causal, world=world, ablation=ablation)}")
+    """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model tables."""
+    typer.echo(f"wrote {write_findings(study, out, causal, world=world, ablation=ablation, real=real, interventions=interventions)}")
 
 
 @study_app.command("null")
@@ -202,6 +209,30 @@ def study_causal(
     df = causal_test(out, relations or None, train=TrainConfig(steps=steps), retrain=retrain)
     typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo((out / "causal.json").read_text())
+
+
+@study_app.command("interventions")
+def study_interventions(
+    out: Path = typer.Option(Path("results/interventions"), help="results folder (resumed if it exists)"),
+    model: str = typer.Option("world", help="'world', 'minilm', or any model spec (as `interp study --model`)"),
+    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    method: str = typer.Option("full", help="fine-tuning method of every arm: full or lora"),
+    n_random: int = typer.Option(InterventionConfig.n_random, help="random-subspace erasures and random steering directions per relation"),
+    steer_scale: float = typer.Option(InterventionConfig.steer_scale, help="steering norm, in median distances between class means"),
+):
+    """Causal evidence: erase the original answer's readable subspace (LEACE) during fine-tuning and
+    evaluation, against random subspaces of the same rank; steer held-out subjects along the
+    pretrained class-mean direction, against random directions. Writes tables, figures and
+    interventions.html."""
+    cfg = InterventionConfig(method=method, n_random=n_random, steer_scale=steer_scale)
+    try:
+        Interventions(model, relations or None, out, cfg, backend=backend).run()
+    except StudyConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2)
+    typer.echo(intervention_section(out))
+    typer.echo(f"report: {out / 'interventions.html'}")
 
 
 @world_app.command("train")

@@ -164,3 +164,22 @@ def test_minilm_is_a_registered_name():
     model = interp.load_model("minilm")
     assert model.model_type == "bert" and model.n_layers == 6 and model.scoring.kind == "masked"
     assert "minilm" in interp.registered_models()
+
+
+def test_interventions_run_on_an_encoder(tiny_bert_dir, tmp_path):
+    """Erasure and steering through the masked slot: states read with the slot, subject found
+    before '[MASK] [SEP]', every arm fine-tuned and scored."""
+    from lab.study.interventions import InterventionConfig, Interventions, SubjectEnd
+
+    model = interp.load_model(str(tiny_bert_dir))
+    run = Interventions(model, _relations()[:2], tmp_path, InterventionConfig(n_random=1, n_boot=50), _encoder_config(),
+                        progress=False)
+    table = run.run()
+    assert len(table) == 2 and (table.layer < model.n_layers - 1).all()
+    assert (table.leftover_covariance < 1e-4).all()
+    from interp.prompts import Prompt
+
+    p = Prompt(model.scoring.context("happy is associated with the word"), "happy")
+    assert p.text.endswith("[MASK]")
+    enc = model.tokenizer(p.text)["input_ids"]
+    assert SubjectEnd(model.tokenizer, [p]).position(enc) == 1  # [CLS] happy is ...

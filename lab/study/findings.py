@@ -8,9 +8,12 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from interp.results import write_text
+
+from .interventions import section as interventions_summary
 
 
 def _f(v, digits: int = 3) -> str:
@@ -58,7 +61,7 @@ METHODS = """## How to read these numbers
 """
 
 
-def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
+def study_section(study: Path, figures_to: Optional[Path] = None, prefix: str = "study") -> str:
     s = json.loads((study / "summary.json").read_text())
     stats = pd.read_csv(study / "stats.csv")
     rel = pd.read_csv(study / "relations.csv")
@@ -73,8 +76,8 @@ def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
         for name in (f"scatter_{c['methods'][0]}", "null_calibration", "backmap"):
             src = study / "figures" / f"{name}.png"
             if src.exists():
-                shutil.copyfile(src, figures_to / f"study_{name}.png")
-        out += [f"![readability vs generalization, kappa](study_scatter_{c['methods'][0]}.png)", ""]
+                shutil.copyfile(src, figures_to / f"{prefix}_{name}.png")
+        out += [f"![readability vs generalization, kappa]({prefix}_scatter_{c['methods'][0]}.png)", ""]
     pear = h["pearson"]
     out += [f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
             f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, {pear['ci_method']}); "
@@ -88,6 +91,9 @@ def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
             + f" (raw accuracy " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items()) + "); mean readability "
             f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
             f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.", ""]
+    missing = s.get("covariates", {}).get("missing") or {}
+    out += [f"Subject frequency covariate: {s.get('frequency_covariate', 'n/a')}."
+            + "".join(f" Covariate `{k}` is missing ({v}); the partial correlations use the others." for k, v in missing.items()), ""]
     out += ["### Statistics", ""]
     t = stats[stats.analysis != "pearson (t-test)"][["method", "predictor", "outcome", "analysis", "r", "ci_low", "ci_high", "p_value",
                                                      "p_monte_carlo", "n"]]
@@ -112,6 +118,48 @@ def study_section(study: Path, figures_to: Optional[Path] = None) -> str:
     cols = ["relation", "n_answers", "n_finetune_subjects", "n_heldout", "chance", "chance_majority", "readability_best",
             "readability_best_kappa", "best_layer"] + [x for x in rel.columns if x.startswith("generalization_")]
     out += ["### Relations", "", _table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
+    return "\n".join(out)
+
+
+def real_model_section(study: Path, figures_to: Optional[Path] = None) -> str:
+    """The study on a pretrained model and real facts (``interp study --model minilm``): which LRE
+    relations qualified and why the others did not, then the same section as the world's."""
+    q = pd.read_csv(study / "qualification.csv")
+    reasons = q[~q.qualifies.astype(bool)].reason.str.replace(r"^\d+ ", "N ", regex=True).value_counts()
+    out = [f"## Real facts on a pretrained encoder: {len(q)} LRE relations, {int(q.qualifies.sum())} qualify", "",
+           "A relation qualifies when at least 2 of its answers have 6 or more distinct subjects (at most the 20 most "
+           "frequent answers kept) and the design leaves at least 20 held-out subjects (`lab/study/relations.py`). Left out: "
+           + "; ".join(f"{n} x '{r}'" for r, n in reasons.items()) + ".", "",
+           _table(q[q.qualifies.astype(bool)][["relation", "n_subjects", "n_answers", "answers_kept", "per_answer",
+                                                "n_finetune_subjects", "n_heldout", "dropped_answers"]]), ""]
+    rel = pd.read_csv(study / "relations.csv")
+    m0 = json.loads((study / "summary.json").read_text())["methods"][0]
+    x, y = rel.readability_best_kappa.to_numpy(float), rel[f"generalization_kappa_{m0}"].to_numpy(float)
+    loo = sorted((float(np.corrcoef(np.delete(x, i), np.delete(y, i))[0, 1]), name) for i, name in enumerate(rel.relation))
+    out += [f"Leave one relation out, the headline r ranges from {_f(loo[0][0])} (without {loo[0][1]}) to {_f(loo[-1][0])} "
+            f"(without {loo[-1][1]}).", ""]
+    unfit = rel[[c for c in rel.columns if c.startswith("train_accuracy_")]].lt(1).sum()
+    out += ["Fine-tunes that did not learn every fine-tuning subject within the step budget (main runs): "
+            + ", ".join(f"{c.removeprefix('train_accuracy_')} {int(n)} of {len(rel)}" for c, n in unfit.items()) + ".", ""]
+    section = study_section(study, figures_to, prefix="study_real")
+    return "\n".join(out) + "\n" + section.replace("## The generalization study:", "### The generalization study:", 1)
+
+
+def interventions_section(folder: Path, figures_to: Optional[Path] = None) -> str:
+    """Erasure and steering (``interp study interventions``), from its saved tables."""
+    t = pd.read_csv(folder / "interventions.csv")
+    out = ["## Interventions: erase or steer the readable direction", "", interventions_summary(folder), ""]
+    if figures_to is not None:
+        for name in ("erasure", "excess_drop"):
+            src = folder / "figures" / f"interventions_{name}.png"
+            if src.exists():
+                figures_to.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, figures_to / f"interventions_{name}.png")
+                out += [f"![{name}](interventions_{name}.png)", ""]
+    cols = ["relation", "layer", "rank", "readability_kappa", "probe_before_kappa", "probe_after_kappa", "transfer_after_kappa",
+            "moved_leace", "moved_random", "generalization_none", "generalization_random", "generalization_leace", "excess_drop", "excess_drop_ci_low",
+            "excess_drop_ci_high", "n_steered", "switch_rate", "switch_rate_random", "switch_excess_ci_low", "switch_excess_ci_high"]
+    out += [_table(t[[c for c in cols if c in t]].sort_values("readability_kappa", ascending=False)), ""]
     return "\n".join(out)
 
 
@@ -168,9 +216,12 @@ def ablation_section(folder: Path) -> str:
 
 def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal: Optional[str | Path] = None,
                    command: str = "interp study", world: Optional[str | Path] = None,
-                   ablation: Optional[str | Path] = None) -> Path:
+                   ablation: Optional[str | Path] = None, real: Optional[str | Path] = None,
+                   interventions: Optional[str | Path] = None) -> Path:
     """Write the findings page from saved results (and copy the headline figures beside it):
-    the study, and optionally the causal test, the world model's report table and the ablation."""
+    the study, and optionally the causal test, the world model's report table, the ablation and a
+    study on a pretrained model (``real``: e.g. ``interp study --model minilm``'s folder), and the
+    interventions (``interventions``: ``interp study interventions``' folder)."""
     study, out = Path(study), Path(out)
     parts = ["# Findings: the generalization study", "",
              f"Generated by `interp study findings` from the saved tables of `{command}`; do not edit by hand.", "",
@@ -181,6 +232,10 @@ def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal:
         parts.append(world_section(Path(world)))
     if ablation is not None and (Path(ablation) / "ablation.csv").exists():
         parts.append(ablation_section(Path(ablation)))
+    if interventions is not None and (Path(interventions) / "interventions.csv").exists():
+        parts.append(interventions_section(Path(interventions), out.parent))
+    if real is not None and (Path(real) / "qualification.csv").exists():
+        parts.append(real_model_section(Path(real), out.parent))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text("\n".join(parts), out)
     return out

@@ -11,9 +11,13 @@ its first answer):
    needs a word per answer (:data:`lab.study.labels.REAL_LABELS`);
 3. at least ``min_answers`` answers remain;
 4. the study's design (:mod:`lab.study.design`: its per-relation budget, spread over the kept
-   answers) leaves at least 2 answers and ``min_heldout`` held-out subjects.
+   answers, ``k`` fine-tuning subjects per answer) can split every kept answer: an answer with
+   ``k`` or fewer subjects is left out and ``k`` recomputed, until every kept answer has at least
+   ``k + 1`` subjects; then at least ``min_answers`` answers and ``min_heldout`` held-out
+   subjects must remain.
 
-Relations are restricted to the kept answers (the probe and the fine-tune see the same subjects).
+Relations are restricted to the kept answers, so the probe (readability) and the fine-tune
+(generalization) see the same subjects and the same answers.
 :func:`qualifying_relations` returns them and a table of every relation with the reason it was
 kept or left out, which the study writes as ``qualification.csv``.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
@@ -38,13 +42,15 @@ class QualifyRule:
     min_heldout: int = 20
 
 
-def restrict(relation: Relation, rule: QualifyRule) -> Relation:
-    """``relation`` on its distinct subjects and its qualifying answers (rules 1-2)."""
+def restrict(relation: Relation, rule: QualifyRule, min_subjects: Optional[int] = None) -> Relation:
+    """``relation`` on its distinct subjects and its qualifying answers (rules 1-2; an answer needs
+    ``min_subjects`` subjects, default ``rule.min_subjects``)."""
     first: dict[str, str] = {}
     for s, a in zip(relation.subjects, relation.answers):
         first.setdefault(s, a)
     counts = Counter(first.values())
-    ranked = sorted((a for a, n in counts.items() if n >= rule.min_subjects), key=lambda a: (-counts[a], a))
+    need = rule.min_subjects if min_subjects is None else min_subjects
+    ranked = sorted((a for a, n in counts.items() if n >= need), key=lambda a: (-counts[a], a))
     kept = set(ranked[: rule.max_answers])
     subjects = [s for s, a in first.items() if a in kept]
     return Relation(relation.name, subjects, [first[s] for s in subjects], relation.template,
@@ -73,6 +79,12 @@ def qualifying_relations(relations: Sequence[Relation], per_answer: Callable[[Re
                          "reason": f"{n_kept} answer(s) with at least {rule.min_subjects} subjects (needs {rule.min_answers})"})
             continue
         k = per_answer(small)
+        while True:  # rule 4: every kept answer can be split at the design's k
+            smaller = restrict(r, rule, max(rule.min_subjects, k + 1))
+            if len(smaller) == len(small) or len(set(smaller.answers)) < rule.min_answers:
+                break
+            small, k = smaller, per_answer(smaller)
+        row["answers_kept"] = len(set(small.answers))
         try:
             finetune, heldout, dropped = split(small, k, split_seed)
         except RelationError as err:

@@ -6,15 +6,16 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+import pandas as pd
+
 import interp
 from interp.relations import Relation, load_relations, lre_dir
 from interp.results import write_table
 from lab.world import from_world, load_world
 
+from .finetune import FinetuneConfig
 from .labels import REAL_LABELS
 from .relations import QualifyRule, qualifying_relations
-
-from .finetune import FinetuneConfig
 from .study import Study, StudyConfig, StudyResult
 from .validate import StudyConfigError
 
@@ -35,7 +36,6 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
     ``executor``: where the fine-tunes run (``"serial"``, ``"ray"`` or an
     :class:`~lab.executors.Executor`); results are identical either way.
     """
-    world = _is_world(model)
     config = config or default_config(model)
     if overrides:
         unknown = sorted(set(overrides) - {f.name for f in fields(StudyConfig)})
@@ -44,10 +44,26 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
         config = replace(config, **overrides)
     if relations is not None and len(relations) == 0:
         raise StudyConfigError(["relations=[] names no relation; pass None for all of the world's relations, or name some"])
+    study, qualification = make_study(model, relations, out, config, backend, progress, rule)
+    if qualification is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_table(qualification, Path(out) / "qualification.csv")
+    return study.run(max_jobs=max_jobs, executor=executor)
+
+
+def make_study(model, relations: Optional[Sequence], out: str | Path, config: StudyConfig,
+               backend: str = interp.DEFAULT_BACKEND, progress: Optional[bool] = None,
+               rule: QualifyRule = QualifyRule(), labels: Optional[dict] = None, min_relations: int = 4
+               ) -> tuple[Study, Optional[pd.DataFrame]]:
+    """The configured :class:`Study` for ``model`` and ``relations`` as :func:`run_study` resolves
+    them (world relations and labels, or the qualifying real relations), and the qualification
+    table (None for the world). ``labels``: label categories for a real model (default
+    :data:`~lab.study.labels.REAL_LABELS`)."""
     handle = interp.load_model(model, backend=backend)
-    labels = frequency = trained = None
+    frequency = trained = None
+    real_labels = labels
     source = "proxy: mean log-prob of subject tokens"
-    if world:
+    if _is_world(model):
         world = load_world(None if str(model) == "world" else model)
         names = [r if isinstance(r, str) else r.name for r in relations] if relations else None
         valid = [r.name for r in world.spec.relations]
@@ -70,16 +86,12 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
         else:  # real facts: every shipped LRE relation, the design decides which qualify
             rels = load_relations([lre_dir() / kind for kind in LRE_KINDS])
         rels, qualification = qualifying_relations(rels, config.per_answer, rule, config.split_seed)
-        if len(rels) < 4:
-            raise StudyConfigError([f"{len(rels)} relation(s) support the relabelling design (a study correlates across relations "
-                                    f"and needs 4): {'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"])
-        labels = REAL_LABELS
+        if len(rels) < min_relations:
+            raise StudyConfigError([f"{len(rels)} relation(s) support the relabelling design (needs {min_relations}): {'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"])
+        labels = real_labels or REAL_LABELS
     study = Study(handle, rels, out, config, labels=labels, subject_frequency=frequency, frequency_source=source,
                   progress=progress, trained_tokens=trained)
-    if qualification is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        write_table(qualification, Path(out) / "qualification.csv")
-    return study.run(max_jobs=max_jobs, executor=executor)
+    return study, qualification
 
 
 #: the LRE folders a study on a real model draws relations from (Hernandez et al. 2024)

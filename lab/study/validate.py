@@ -102,12 +102,12 @@ def _config_problems(study) -> list[str]:
     return out
 
 
-def _relation_problems(study) -> list[str]:
+def _relation_problems(study, min_relations: int = MIN_RELATIONS) -> list[str]:
     c, rels = study.config, study.relation_list
     out = []
-    if len(rels) < MIN_RELATIONS:
+    if len(rels) < min_relations:
         out.append(f"{len(rels)} relation(s) given; a study correlates across relations and its partial correlations "
-                   f"need at least {MIN_RELATIONS}: add relations")
+                   f"need at least {min_relations}: add relations")
     names = [r.name for r in rels]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -152,10 +152,11 @@ def untrained_tokens(study) -> list[str]:
     return out
 
 
-def validate_study(study) -> list[str]:
+def validate_study(study, min_relations: int = MIN_RELATIONS) -> list[str]:
     """Raise :class:`StudyConfigError` listing every invalid input; return (and warn about)
-    tokens of prompts and labels that the model was never trained on."""
-    problems = _config_problems(study) + _relation_problems(study)
+    tokens of prompts and labels that the model was never trained on. ``min_relations``: fewer is
+    an error (a correlation across relations; an intervention on one relation needs 1)."""
+    problems = _config_problems(study) + _relation_problems(study, min_relations)
     if problems:
         raise StudyConfigError(problems)
     notes = untrained_tokens(study)

@@ -1,0 +1,159 @@
+"""Erasure and steering: the erased activations on both backends, the eraser's data, readability
+after erasure, and the whole test on a tiny random LM (both backends) and on the world model."""
+import itertools
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import BACKENDS
+from tiny_models import build
+
+import interp
+import lab.study.interventions as iv
+from interp.prompts import Prompt
+from interp.relations import Relation
+from lab.study import FinetuneConfig, StudyConfig
+from lab.study.interventions import InterventionConfig, Interventions, SubjectEnd, erasing, steering
+from lab.study.run import real_model_config
+from probes.erasure import fit_leace, random_subspace
+
+PLACES = "Paris Berlin Rome Madrid Tokyo Vorn Kallit Mira Tesh Oba Lunde Sarn Queth".split()
+TEMPLATE = "{} is located in"
+
+
+def _tiny(backend):
+    hf, tok = build("gpt2")
+    return interp.load_model(hf, backend=backend, tokenizer=tok)
+
+
+def _subjects(n):
+    return [" ".join(p) for p in itertools.permutations(PLACES, 2)][:n]
+
+
+def _relations():
+    answers = ["France", "Germany", "Italy", "Spain"]
+    rels = []
+    for k, name in enumerate(["r0", "r1", "r2", "r3"]):
+        subj = _subjects(60)
+        rels.append(Relation(name, subj, [answers[(i * (k + 1) + i // 7) % (2 + k % 3)] for i in range(len(subj))], "{} lives in"))
+    return rels
+
+
+def test_eraser_math_against_the_package_and_a_random_control():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 4, 300)
+    x = torch.tensor(rng.normal(size=(300, 16)) + np.eye(4, 16)[y] * 3, dtype=torch.float32)
+    e = fit_leace(x, y)
+    assert e.rank == 3
+    from concept_erasure import LeaceEraser
+
+    ref = LeaceEraser.fit(x.double(), torch.nn.functional.one_hot(torch.as_tensor(y)).double())
+    torch.testing.assert_close(e(x), ref(x.double()).float(), atol=1e-4, rtol=0)
+    xe = e(x).double()
+    cross = (xe - xe.mean(0)).T @ (torch.nn.functional.one_hot(torch.as_tensor(y)).double() - 0.25) / len(y)
+    assert cross.abs().max() < 1e-6  # no linear information about the class left
+    r = random_subspace(x, 3, seed=0)
+    assert r.rank == 3 and torch.allclose(r(r(x)), r(x), atol=1e-4)  # a projection
+
+
+def test_erased_and_steered_activations_are_identical_on_both_backends():
+    prompts = [Prompt(TEMPLATE.format(s), s) for s in _subjects(12)]
+    site = "blocks.0.hook_resid_post"
+    got = {}
+    for backend in BACKENDS:
+        model = _tiny(backend)
+        locate = SubjectEnd(model.tokenizer, prompts)
+        before = interp.capture(model, prompts, sites=[site], positions="all", progress=False)[site]
+        sub = interp.capture(model, prompts, sites=[site], positions="subject_last", progress=False)[site]
+        eraser = fit_leace(sub, [i % 3 for i in range(len(prompts))])
+        after = interp.capture(model.intervened(site, erasing(locate, eraser)), prompts, sites=[site], positions="all",
+                               progress=False)[site]
+        last = [len(model.tokenizer(p.subject)["input_ids"]) - 1 for p in prompts]
+        for i, pos in enumerate(last):  # erased at the subject's last token, untouched elsewhere
+            torch.testing.assert_close(after[i, pos], eraser(before[i, pos]), atol=1e-5, rtol=0)
+            other = [j for j in range(before.shape[1]) if j != pos]
+            torch.testing.assert_close(after[i, other], before[i, other], atol=0, rtol=0)
+        enc = model.tokenizer([p.text for p in prompts])
+        keys = [locate.prefix(ids, m) for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
+        vec = {keys[0]: torch.ones(model.d_model)}
+        steered = interp.capture(model.intervened(site, steering(locate, vec)), prompts, sites=[site], positions="all",
+                                 progress=False)[site]
+        torch.testing.assert_close(steered[0, last[0]], before[0, last[0]] + 1, atol=1e-5, rtol=0)
+        torch.testing.assert_close(steered[1:], before[1:], atol=0, rtol=0)
+        got[backend] = after
+    torch.testing.assert_close(got["nnsight"], got["transformer_lens"], atol=1e-5, rtol=0)
+
+
+def test_subject_end_refuses_a_template_it_cannot_find():
+    model = _tiny("nnsight")
+    with pytest.raises(ValueError, match="no words after the subject"):
+        SubjectEnd(model.tokenizer, [Prompt("the Paris", "Paris")])
+    with pytest.raises(ValueError, match="template differs"):
+        SubjectEnd(model.tokenizer, [Prompt("Paris is located in", "Paris"), Prompt("Rome lives in", "Rome")])
+
+
+def _tiny_study_config():
+    return real_model_config(label_seeds=(0,), finetune_seeds=(0,), folds=3, n_boot=100, n_perm=100, n_null=100,
+                             finetune=FinetuneConfig(template=TEMPLATE, lr=3e-3, max_steps=20, check_every=10))
+
+
+TINY_LABELS = {"animals": ("city", "country", "capital", "born", "part"), "vehicles": ("the", "a", "of", "on", "at")}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
+    model = _tiny(backend)
+    cfg = InterventionConfig(n_random=2, n_boot=100)
+    table = Interventions(model, _relations(), tmp_path, cfg, _tiny_study_config(), backend=backend, progress=False,
+                          labels=TINY_LABELS).run()
+    assert len(table) == 4 and (table["rank"] == table.n_answers - 1).all()
+    arms = pd.read_csv(tmp_path / "arms.csv")
+    assert set(arms.kind) == {"none", "leace", "shuffled", "random"} and len(arms) == 20
+    assert (table.layer < model.n_layers - 1).all()  # never the last block, where nothing downstream reads the subject
+    s = json.loads((tmp_path / "interventions.json").read_text())
+    assert s["n_relations"] == 4 and "excess_drop_vs_readability" in s
+    assert (tmp_path / "interventions.html").exists() and (tmp_path / "figures" / "interventions_erasure.html").exists()
+    steer = pd.read_csv(tmp_path / "steering.csv") if (tmp_path / "steering.csv").stat().st_size > 1 else pd.DataFrame()
+    if len(steer):
+        assert steer.switched_random.between(0, 1).all() and (steer.answer != steer.target_answer).all()
+
+
+WORLD_RELATIONS = ["continent", "hand", "season", "diet"]
+
+
+def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tmp_path, monkeypatch):
+    seen = []
+    fit = iv.fit_erasers
+
+    def spy(x, answers, n_random, seed):
+        seen.append(x.clone())
+        return fit(x, answers, n_random, seed)
+
+    monkeypatch.setattr(iv, "fit_erasers", spy)
+    study_cfg = StudyConfig(finetune_budget=(60, 90), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), folds=3,
+                            n_boot=100, n_perm=100, n_null=100, finetune=FinetuneConfig(max_steps=60, check_every=10))
+    run = Interventions("world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg,
+                        progress=False)
+    table = run.run()
+    # the eraser saw exactly the fine-tuning subjects' states, never a held-out one
+    for x, name in zip(seen, WORLD_RELATIONS):
+        r = run.study.relations[name]
+        d = run.study.design(r, "animals", 0)
+        layer = int(table.set_index("relation").loc[name, "layer"])
+        ft = iv.states(run.model, [Prompt(study_cfg.finetune.template.format(r.subjects[i]), r.subjects[i]) for i in d.finetune], layer)
+        torch.testing.assert_close(x, ft, atol=1e-5, rtol=0)
+        assert len(x) == len(d.finetune) < len(d.finetune) + len(d.heldout)
+    # readability after erasure is at chance on the fitted states, while it was high before
+    assert (table.layer < run.model.n_layers - 1).all()
+    assert (table.leftover_covariance < 1e-4).all()
+    # (a probe refitted with the eraser inside each fold: small samples scatter around 0, below it too)
+    assert (table.probe_after_kappa < 0.1).all(), table[["relation", "probe_before_kappa", "probe_after_kappa"]]
+    assert table.probe_before_kappa.max() > 0.3
+    assert (table.transfer_after_kappa < table.transfer_before_kappa).all()
+    # a second run reads every arm from disk: no fine-tune runs again, same tables
+    monkeypatch.setattr(iv, "finetune", lambda *a, **k: pytest.fail("a finished arm was fine-tuned again"))
+    again = Interventions("world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg,
+                          progress=False).run()
+    pd.testing.assert_frame_equal(table, again)
