@@ -18,8 +18,10 @@ left with fewer than 2 answers, or with fewer subjects than folds, raises an err
 listed twice in a relation is kept once (its first answer), so folds split by subject.
 
 Result: one row per (model, relation, site, fold, seed) with ``accuracy``, ``top_k_accuracy``,
-``log_loss``, ``chance`` (1 / number of answers), ``n_train``, ``n_test``, ``n_classes``,
-``control_accuracy`` and ``selectivity``. :attr:`ProbeSweep.readout_` holds, for every subject,
+``log_loss``, ``balanced_accuracy`` and ``auroc`` (macro one-vs-rest; scikit-learn's definitions,
+on the fold's held-out subjects), ``chance`` (1 / number of answers), ``n_train``, ``n_test``, ``n_classes``,
+``control_accuracy`` and ``selectivity``, and with ``mdl=True`` the online codelength
+(``mdl_bits``, ``uniform_bits``, ``compression``; Voita & Titov 2020). :attr:`ProbeSweep.readout_` holds, for every subject,
 the probe's ranked answers from the fold in which that subject was held out.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
 from interp.capture import capture
@@ -39,6 +42,7 @@ from interp.relations import Relation, RelationError
 from interp.sites import parse_site
 
 from .logistic import fit_logistic
+from .mdl import online_codelength
 
 
 @dataclass
@@ -71,6 +75,8 @@ class ProbeSweep:
     device, dtype : where and in what precision the probes are fitted.
     readout : keep every test subject's ranked answers in ``readout_`` (one row per subject, site
         and fold; turn off for very large sweeps, whose read-out would outgrow the features).
+    mdl : also measure each relation and site's online codelength (:mod:`probes.mdl`: columns
+        ``mdl_bits``, ``uniform_bits``, ``compression``; one fit per block, on all subjects).
     sites_per_pass : with stored activations, load and fit this many sites at a time (default:
         all). With :class:`~interp.ActivationStore` values, whose shards are memory-mapped, peak
         memory is then one pass's features however large the store: out-of-core sweeps.
@@ -96,7 +102,9 @@ class ProbeSweep:
         readout: bool = True,
         progress: Optional[bool] = None,
         readout_k: Optional[int] = None,
+        mdl: bool = False,
     ):
+        self.mdl = mdl
         self.readout = readout
         self.readout_k = readout_k
         self.sites = sites
@@ -275,12 +283,14 @@ class ProbeSweep:
                                standardize=self.standardize)
             logits = fit.logits(X.to(self.device)).cpu()  # [G, K, n, c]
             for g, (p, s, x) in enumerate(part):
-                self._evaluate(p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout)
+                code = (online_codelength(x.reshape(len(p.keep), -1), p.y, C=self.C, seed=self.seeds[0],
+                                          standardize=self.standardize) if self.mdl else None)
+                self._evaluate(p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout, code)
             bar.update(len(part))
         bar.close()
         return rows, readout
 
-    def _evaluate(self, p, site, logits, meta, model_name, converged, rows, readout):
+    def _evaluate(self, p, site, logits, meta, model_name, converged, rows, readout, code=None):
         m, c = len(p.keep), len(p.classes)
         logp = torch.log_softmax(logits[:, :m, :c].double(), -1)  # [K, m, c]
         layer = parse_site(site).layer
@@ -297,6 +307,7 @@ class ProbeSweep:
                 "accuracy": (top[:, 0] == yl).double().mean().item(),
                 "top_k_accuracy": (top == yl[:, None]).any(-1).double().mean().item(),
                 "log_loss": -lp.gather(1, yl[:, None]).mean().item(),
+                **(_class_balanced(yl.numpy(), lp.exp().numpy(), c) if kind == "task" else {}),
                 "n_train": int((~test).sum()), "n_test": int(test.sum()), "converged": bool(converged[k]),
             }
             if kind == "task" and self.readout:
@@ -315,7 +326,8 @@ class ProbeSweep:
                 row = {
                     "model": model_name, "relation": p.relation.name, "site": site, "layer": layer, "fold": fold,
                     "seed": seed, "accuracy": t["accuracy"], "top_k_accuracy": t["top_k_accuracy"], "top_k": k_top,
-                    "log_loss": t["log_loss"], "chance": 1.0 / c, "n_train": t["n_train"], "n_test": t["n_test"],
+                    "log_loss": t["log_loss"], "balanced_accuracy": t["balanced_accuracy"], "auroc": t["auroc"],
+                    "chance": 1.0 / c, "n_train": t["n_train"], "n_test": t["n_test"],
                     "n_classes": c, "dropped_classes": p.dropped_classes, "dropped_subjects": p.dropped_subjects,
                     "converged": t["converged"],
                 }
@@ -323,7 +335,21 @@ class ProbeSweep:
                     ctl = by_key[(seed, fold, "control")]
                     row["control_accuracy"] = ctl["accuracy"]
                     row["selectivity"] = t["accuracy"] - ctl["accuracy"]
+                if code is not None:
+                    row.update({k: code[k] for k in ("mdl_bits", "uniform_bits", "compression")})
                 rows.append(row)
+
+
+def _class_balanced(y: np.ndarray, probs: np.ndarray, c: int) -> dict:
+    """Balanced accuracy (mean recall over the classes present) and macro one-vs-rest AUROC
+    (scikit-learn's definitions; AUROC is NaN if a class is missing from the test fold)."""
+    out = {"balanced_accuracy": float(balanced_accuracy_score(y, probs.argmax(-1)))}
+    try:
+        out["auroc"] = float(roc_auc_score(y, probs[:, 1]) if c == 2 else
+                             roc_auc_score(y, probs / probs.sum(-1, keepdims=True), multi_class="ovr", labels=list(range(c))))
+    except ValueError:
+        out["auroc"] = float("nan")
+    return out
 
 
 def sweep(source, relations: Sequence[Relation], model_name: Optional[str] = None, **config) -> pd.DataFrame:

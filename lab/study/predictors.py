@@ -1,4 +1,5 @@
-"""Further predictors of fine-tuning generalization: LRE faithfulness and Jacobian alignment.
+"""Further predictors of fine-tuning generalization: probe quality beyond accuracy, LRE
+faithfulness and Jacobian alignment.
 
 The study's headline predictor is probe readability (is the answer linearly decodable at the
 subject?). Two other notions of "linear before fine-tuning" come from :mod:`jacobians`:
@@ -10,12 +11,18 @@ subject?). Two other notions of "linear before fine-tuning" come from :mod:`jaco
   alignment ``cos(J^T 1, x)`` (one vector-Jacobian product per prompt; the full per-row measures
   need the whole ``vocab x d_model`` Jacobian per prompt, minutes per relation on a CPU).
 
-:func:`relation_predictors` measures them per relation; :func:`compare_predictors` correlates
+**Probe quality** (Hewitt & Liang 2019; Voita & Titov 2020), at each relation's best layer:
+selectivity (accuracy minus a control task's), macro AUROC, balanced accuracy and the online-code
+compression (:func:`probe_quality`, :mod:`probes.mdl`): does a measure that charges the probe for
+capacity or data predict generalization better than accuracy?
+
+:func:`relation_predictors` measures the Jacobian ones per relation; :func:`compare_predictors` correlates
 every predictor with a finished study's generalization, side by side with readability, and
 writes ``predictors.csv`` and ``predictor_correlations.csv`` into the study folder.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -25,6 +32,7 @@ import pandas as pd
 from interp.progress import progress_bar
 from interp.results import write_table
 from jacobians import LinearRelationalEmbedding, centroid_alignment
+from probes import ProbeSweep
 
 from .stats import pearson, spearman
 
@@ -48,7 +56,18 @@ def relation_predictors(model, relations, layer: Optional[int] = None, beta: flo
     return pd.DataFrame(rows)
 
 
-PREDICTORS = ["readability_best_kappa", "lre_faithfulness", "lre_causality", "centroid_alignment"]
+PREDICTORS = ["readability_best_kappa", "selectivity_best", "auroc_best", "balanced_accuracy_best", "compression_best",
+              "lre_faithfulness", "lre_causality", "centroid_alignment"]
+
+
+def probe_quality(model, relations, best_layer: dict[str, int], folds: int = 5, C: float = 1.0,
+                  progress: Optional[bool] = None) -> pd.DataFrame:
+    """Probe quality beyond accuracy at each relation's best layer (the study's): macro AUROC and
+    balanced accuracy (fold means) and the online-code compression (:mod:`probes.mdl`)."""
+    table = ProbeSweep(folds=folds, C=C, mdl=True, readout=False, control=False, progress=progress).run(model, relations)
+    table = table[table.layer == table.relation.map(best_layer)]
+    return (table.groupby("relation")[["auroc", "balanced_accuracy", "compression"]].mean().add_suffix("_best")
+            .reset_index())
 
 
 def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: Optional[int] = None,
@@ -64,7 +83,12 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
         if model is None or relations is None:
             raise ValueError(f"{cached} does not exist yet: pass the study's model and relations to measure the predictors")
         wanted = set(table.relation)
-        preds = relation_predictors(model, [r for r in relations if r.name in wanted], layer, beta, progress=progress)
+        chosen = [r for r in relations if r.name in wanted]
+        preds = relation_predictors(model, chosen, layer, beta, progress=progress)
+        config = json.loads((study_dir / "summary.json").read_text())["config"]
+        quality = probe_quality(model, chosen, dict(zip(table.relation, table.best_layer)), config["folds"],
+                                config["probe_C"], progress)
+        preds = preds.merge(quality, on="relation")
         write_table(preds, cached)
     merged = table.merge(preds, on="relation")
     rows = []
@@ -72,6 +96,8 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
         if outcome not in merged:
             continue
         for p in PREDICTORS:
+            if p not in merged:
+                continue
             pr = pearson(merged[p], merged[outcome], n_boot=n_boot, n_perm=n_perm)
             sp = spearman(merged[p], merged[outcome])
             rows.append({"outcome": outcome, "predictor": p, "pearson_r": pr["r"], "ci_low": pr["ci_low"],
