@@ -203,13 +203,12 @@ class Model:
         batch = self._on_device(inputs, padding_side)
         if not self._standing:
             return self.backend.final_hidden(batch.input_ids, batch.attention_mask, batch.position_ids)
-        out = {}
+        out = {}  # read at the same site as Backend.final_hidden, after this handle's interventions
 
         def keep(act):
             out["h"] = act
 
-        self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids,
-                         self._with_standing(batch, {self.resid_site(self.n_layers - 1): keep}))
+        self.run(batch, {self.resid_site(self.n_layers - 1): keep})
         return out["h"]
 
     def input_embeddings(self) -> Float[torch.Tensor, "vocab d_model"]:

@@ -9,9 +9,12 @@ import torch
 from conftest import BACKENDS
 
 import interp
+from interp.prompts import Prompt
 from interp.relations import Relation, load_relations, lre_dir
 from interp.trainable import LoraSpec
 from lab.study import FinetuneConfig, run_study
+from lab.study.finetune import finetune
+from lab.study.interventions import InterventionConfig, Interventions, SubjectEnd
 from lab.study.relations import QualifyRule, qualifying_relations, restrict
 from lab.study.run import real_model_config
 
@@ -68,8 +71,6 @@ def test_masked_scoring_equals_a_hand_computation(tiny_bert_dir, backend):
 
 def test_both_backends_fine_tune_an_encoder_alike(tiny_bert_dir):
     """A full fine-tune through the masked slot gives the same scores on both backends."""
-    from lab.study.finetune import finetune
-
     cfg = FinetuneConfig(lr=3e-3, max_steps=10, check_every=5)
     scores = []
     for backend in BACKENDS:
@@ -169,16 +170,12 @@ def test_minilm_is_a_registered_name():
 def test_interventions_run_on_an_encoder(tiny_bert_dir, tmp_path):
     """Erasure and steering through the masked slot: states read with the slot, subject found
     before '[MASK] [SEP]', every arm fine-tuned and scored."""
-    from lab.study.interventions import InterventionConfig, Interventions, SubjectEnd
-
     model = interp.load_model(str(tiny_bert_dir))
     run = Interventions(model, _relations()[:2], tmp_path, InterventionConfig(n_random=1, n_boot=50), _encoder_config(),
                         progress=False)
     table = run.run()
     assert len(table) == 2 and (table.layer < model.n_layers - 1).all()
     assert (table.leftover_covariance < 1e-4).all()
-    from interp.prompts import Prompt
-
     p = Prompt(model.scoring.context("happy is associated with the word"), "happy")
     assert p.text.endswith("[MASK]")
     enc = model.tokenizer(p.text)["input_ids"]

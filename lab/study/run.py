@@ -61,7 +61,6 @@ def make_study(model, relations: Optional[Sequence], out: str | Path, config: St
     :data:`~lab.study.labels.REAL_LABELS`)."""
     handle = interp.load_model(model, backend=backend)
     frequency = trained = None
-    real_labels = labels
     source = "proxy: mean log-prob of subject tokens"
     if _is_world(model):
         world = load_world(None if str(model) == "world" else model)
@@ -72,7 +71,7 @@ def make_study(model, relations: Optional[Sequence], out: str | Path, config: St
             raise StudyConfigError([f"unknown relation {n!r}; nearest: {', '.join(difflib.get_close_matches(n, valid, 3, 0.4)) or '-'} "
                                     f"(the world's relations: {', '.join(valid)})" for n in unknown])
         rels = from_world(world, names)
-        labels = world.label_categories
+        study_labels = world.label_categories
         frequency = lambda rel, s: world.mentions(s, rel)  # noqa: E731
         source = "exact: corpus documents stating the fact (world)"
         words = sorted({w for doc in world.corpus() for w in doc.split()})
@@ -88,8 +87,8 @@ def make_study(model, relations: Optional[Sequence], out: str | Path, config: St
         rels, qualification = qualifying_relations(rels, config.per_answer, rule, config.split_seed)
         if len(rels) < min_relations:
             raise StudyConfigError([f"{len(rels)} relation(s) support the relabelling design (needs {min_relations}): {'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"])
-        labels = real_labels or REAL_LABELS
-    study = Study(handle, rels, out, config, labels=labels, subject_frequency=frequency, frequency_source=source,
+        study_labels = labels or REAL_LABELS
+    study = Study(handle, rels, out, config, labels=study_labels, subject_frequency=frequency, frequency_source=source,
                   progress=progress, trained_tokens=trained)
     return study, qualification
 
