@@ -18,6 +18,11 @@ TransformerLens' ``patching.get_act_patch_*`` functions (tested).
 
     >>> ap = ActivationPatching(model, metric="logit_diff", sites=["resid_pre", "z"])
     >>> df = ap.run(pairs)          # columns: site, layer, head, position, score, normalized
+
+With ``statistics=True`` every row also carries the per-pair effect's mean, standard error,
+bootstrap interval and sign-flip p-value (:mod:`circuits.statistics`), and ``ap.per_pair_``
+holds the per-pair scores ``[cells, n_pairs]`` (rows in the table's order) with
+``ap.baseline_`` the unpatched run's ``[n_pairs]``.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ from .runs import (
     site,
     tile_batch,
 )
+from .statistics import as_uncertainty, attach, check_memory
 
 PATCHABLE = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v")
 
@@ -59,11 +65,14 @@ class ActivationPatching:
     direction : ``"clean_into_corrupted"`` (default) or ``"corrupted_into_clean"``
     layers, positions : restrict the grid (default: all)
     batch_size : rows per forward pass (patches x pairs)
+    statistics : keep per-pair values and add effect, stderr, ci_low, ci_high, p_value, p_fdr
+        (``True`` or a :class:`circuits.Uncertainty`)
     """
 
     def __init__(self, model, metric="logit_diff", sites: Sequence[str] = ("resid_pre",), by_position: bool = True,
                  direction: str = "clean_into_corrupted", layers: Optional[Sequence[int]] = None,
-                 positions: Optional[Sequence[int]] = None, batch_size: int = 256, progress: Optional[bool] = None):
+                 positions: Optional[Sequence[int]] = None, batch_size: int = 256, progress: Optional[bool] = None,
+                 statistics=False):
         self.model = model
         self.metric = metric
         self.sites = sites
@@ -73,6 +82,7 @@ class ActivationPatching:
         self.positions = positions
         self.batch_size = batch_size
         self.progress = progress
+        self.statistics = statistics
 
     def _validate(self) -> None:
         """Check the configuration against the model; derived state ends in ``_``."""
@@ -94,6 +104,7 @@ class ActivationPatching:
         if bad:
             raise ValueError(f"layers {bad} out of range: the model has layers 0..{model.n_layers - 1}")
         self.positions_ = None if self.positions is None else list(self.positions)
+        self.uncertainty_ = as_uncertainty(self.statistics)
 
     def _cells(self, kind: str, n_pos: int, n_heads_at: dict[int, int]) -> list[tuple]:
         positions = self.positions_ if self.positions_ is not None else list(range(n_pos))
@@ -111,13 +122,24 @@ class ActivationPatching:
         pairs = prepare(self.model, pairs, self.metric_)
         target_score = source_score = 0.0
         sums: dict[tuple, float] = {}
+        kept: dict[tuple, list[torch.Tensor]] = {}  # per-pair scores, with statistics
+        baseline: list[torch.Tensor] = []
         n_total = len(pairs)
+        if self.uncertainty_ is not None:
+            n_cells = 0
+            for kind in self.sites_:
+                heads = self.model.n_kv_heads if kind in ("k", "v") else self.model.n_heads
+                n_cells += len(self._cells(kind, pairs.n_pos, {lyr: heads if kind in HEAD_KINDS else 1
+                                                                for lyr in self.layers_}))
+            check_memory(n_cells, n_total, self.uncertainty_, "activation patching")
         parts = list(pairs.batches(self.batch_size))
         bar = progress_bar(total=len(parts) * len(self.sites_), desc="activation patching", unit="site batches",
                            progress=self.progress)
         for part in parts:
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
-            target_score += float(metric_of(self.model, target, part, self.metric_).sum())
+            unpatched = metric_of(self.model, target, part, self.metric_)
+            baseline.append(unpatched.float().cpu())
+            target_score += float(unpatched.sum())
             source_score += float(metric_of(self.model, source, part, self.metric_).sum())
             for kind in self.sites_:
                 names = {layer: site(kind, layer) for layer in self.layers_}
@@ -128,9 +150,11 @@ class ActivationPatching:
                 for i in range(0, len(cells), k_max):
                     chunk = cells[i : i + k_max]
                     scores = self._patched(part, target, src, names, kind, chunk)
-                    for cell, s in zip(chunk, scores.sum(-1).tolist()):
+                    for cell, s, row in zip(chunk, scores.sum(-1).tolist(), scores):
                         key = (kind, *cell)
                         sums[key] = sums.get(key, 0.0) + s
+                        if self.uncertainty_ is not None:
+                            kept.setdefault(key, []).append(row.float().cpu())
                 bar.update(1)
         bar.close()
         target_score /= n_total
@@ -149,6 +173,10 @@ class ActivationPatching:
                         target_score=target_score, source_score=source_score,
                         clean_score=target_score if self.target_ == "clean" else source_score,
                         corrupted_score=source_score if self.target_ == "clean" else target_score)
+        if self.uncertainty_ is not None:
+            self.baseline_ = torch.cat(baseline)
+            self.per_pair_ = torch.stack([torch.cat(kept[key]) for key in sums])
+            df = attach(df, self.per_pair_ - self.baseline_, self.uncertainty_)
         return df
 
     @torch.no_grad()

@@ -20,6 +20,10 @@ as :class:`~circuits.ActivationPatching` with the same direction (minus its unpa
 the straight line between the target and source input embeddings (midpoints ``(j + 1/2) / m``),
 integrated gradients' remedy for the saturation that makes one-point gradients miss large effects.
 
+``statistics=True`` keeps each pair's score (an estimated effect) and adds its mean, standard
+error, bootstrap interval and sign-flip p-value to every node or edge row
+(:mod:`circuits.statistics`); ``per_pair_`` holds the per-pair scores.
+
 Cost: node scores need one forward and one backward pass per IG step. Edge scores additionally
 need every receiver's private input gradient; a backend-neutral model has no per-head copy of the
 residual stream, so these are obtained by one extra forward per layer in which the layer's input
@@ -41,6 +45,7 @@ from .metrics import as_metric
 from .pairs import Pairs
 from .path_patching import has_parallel_blocks, reaches, receiver_site
 from .runs import batch_of, cache, prepare, resolve_direction, site
+from .statistics import as_uncertainty, attach, check_memory
 
 Tensor = torch.Tensor
 
@@ -61,12 +66,13 @@ class AttributionPatching:
     nodes, receivers : restrict to these (default all)
     by_position : node scores per position (else summed over positions)
     batch_size : pairs per pass
+    statistics : ``True`` or a :class:`circuits.Uncertainty`: per-row intervals and p-values over pairs
     """
 
     def __init__(self, model, metric="logit_diff", ig_steps: Optional[int] = None,
                  direction: str = "clean_into_corrupted", nodes: Optional[Sequence] = None,
                  receivers: Optional[Sequence] = None, by_position: bool = False, batch_size: int = 64,
-                 progress: Optional[bool] = None):
+                 progress: Optional[bool] = None, statistics=False):
         self.model = model
         self.metric = metric
         self.ig_steps = ig_steps
@@ -76,6 +82,7 @@ class AttributionPatching:
         self.by_position = by_position
         self.batch_size = batch_size
         self.progress = progress
+        self.statistics = statistics
 
     def _validate(self) -> None:
         """Check the configuration against the model; derived state ends in ``_``."""
@@ -85,6 +92,12 @@ class AttributionPatching:
         self.target_, self.source_ = resolve_direction(self.direction)
         self.nodes_ = parse_nodes(self.model, self.nodes_spec)
         self.receivers_ = parse_receivers(self.model, self.receivers)
+        self.uncertainty_ = as_uncertainty(self.statistics)
+
+    @property
+    def method_name(self) -> str:
+        """``"EAP"`` (one gradient) or ``"EAP-IG-inputs"`` (integrated gradients over the input embeddings)."""
+        return "EAP" if self.ig_steps is None else "EAP-IG-inputs"
 
     @property
     def alphas(self) -> list[float]:
@@ -138,6 +151,10 @@ class AttributionPatching:
         pairs = prepare(self.model, pairs, self.metric_)
         sites = sorted({node_site(n) for n in self.nodes_} | {site("embed")}, key=_order)
         totals: dict[str, Tensor] = {}
+        kept: dict[str, list[Tensor]] = {s: [] for s in sites}  # per pair [n, pos, (head)], with statistics
+        if self.uncertainty_ is not None:
+            check_memory(len(self.nodes_) * (pairs.n_pos if self.by_position else 1), len(pairs), self.uncertainty_,
+                         "attribution patching")
         bar = progress_bar(total=len(pairs), desc="attribution (nodes)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
@@ -145,23 +162,36 @@ class AttributionPatching:
             grad = self._mean_grads(part, target, src[site("embed")], sites)
             for s in sites:
                 prod = (src[s] - tgt[s]) * grad[s]  # [n, pos, (head,) d]
-                per = prod.sum(-1).sum(0)  # [pos, (head)]
-                totals[s] = totals.get(s, 0) + per
+                per_pair = prod.sum(-1)  # [n, pos, (head)]
+                totals[s] = totals.get(s, 0) + per_pair.sum(0)
+                if self.uncertainty_ is not None:
+                    kept[s].append(per_pair.float().cpu())
             bar.update(len(part))
         bar.close()
         n = len(pairs)
-        rows = []
+        rows, per_rows = [], []
         for node in self.nodes_:
             t = totals[node_site(node)] / n
             vals = t[:, node.head] if node.kind == "head" else t
+            if self.uncertainty_ is not None:
+                each = torch.cat(kept[node_site(node)])  # [n, pos, (head)]
+                each = each[:, :, node.head] if node.kind == "head" else each  # [n, pos]
             if self.by_position:
                 rows += [_node_row(node, p, float(v)) for p, v in enumerate(vals.tolist())]
+                if self.uncertainty_ is not None:
+                    per_rows += list(each.T)
             else:
                 rows.append(_node_row(node, None, float(vals.sum())))
+                if self.uncertainty_ is not None:
+                    per_rows.append(each.sum(1))
         df = pd.DataFrame(rows)
         for col in ("head", "position"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=n)
+        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=n,
+                        method=self.method_name)
+        if self.uncertainty_ is not None:
+            self.per_pair_ = torch.stack(per_rows)
+            df = attach(df, self.per_pair_, self.uncertainty_)
         return df
 
     def _mean_grads(self, part, target, src_embed, sites) -> dict[str, Tensor]:
@@ -184,6 +214,9 @@ class AttributionPatching:
         rec_sites = sorted({receiver_site(model, r) for r in receivers}, key=_order)
         w_o = {layer: model.head_output_weights(layer) for layer in {s.layer for s in senders if s.kind == "head"}}
         scores = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
+        kept: list[Tensor] = []  # per pair [S, R, n], with statistics
+        if self.uncertainty_ is not None:
+            check_memory(len(senders) * len(receivers), len(pairs), self.uncertainty_, "edge attribution")
         bar = progress_bar(total=len(pairs), desc="attribution (edges)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
@@ -194,14 +227,18 @@ class AttributionPatching:
                 g = self._grads(part, target, src[site("embed")], a, rec_sites)
                 r_in += self._receiver_inputs(part, target, src[site("embed")], a, g, receivers)
             r_in /= len(self.alphas)
-            scores += torch.einsum("snpd,rnpd->sr", writes.double(), r_in.double())
+            per_pair = torch.einsum("snpd,rnpd->srn", writes.double(), r_in.double())
+            scores += per_pair.sum(-1)
+            if self.uncertainty_ is not None:
+                kept.append(per_pair.float().cpu())
             bar.update(len(part))
         bar.close()
         scores /= len(pairs)
-        rows = []
+        rows, cells = [], []
         for i, s in enumerate(senders):
             for j, r in enumerate(receivers):
                 if reaches(model, s, r):
+                    cells.append((i, j))
                     rows.append({"sender": s.name, "receiver": r.name, "sender_layer": s.layer, "sender_head": s.head,
                                  "receiver_layer": r.layer, "receiver_head": r.head,
                                  "receiver_input": r.input if r.kind == "head" else r.kind,
@@ -209,7 +246,12 @@ class AttributionPatching:
         df = pd.DataFrame(rows)
         for col in ("sender_head", "receiver_head"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=len(pairs))
+        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=len(pairs),
+                        method=self.method_name)
+        if self.uncertainty_ is not None:
+            each = torch.cat(kept, -1)
+            self.per_pair_ = torch.stack([each[i, j] for i, j in cells])
+            df = attach(df, self.per_pair_, self.uncertainty_)
         return df
 
     @staticmethod

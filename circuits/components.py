@@ -6,6 +6,12 @@ an attention head (``L{layer}H{head}``, its output ``z`` times ``W_O``) or an ML
 input (``L1H3.q``, ``L1H3.k``, ``L1H3.v``), an MLP's input (``MLP2``) or the final residual
 stream that the unembedding reads (``logits``). An edge is a (node, receiver) pair with the
 node strictly before the receiver.
+
+Under grouped-query attention (Llama 3, Qwen 2: ``n_kv_heads < n_heads``) a key or value is
+shared by a group of ``n_heads // n_kv_heads`` query heads, so it is one receiver, named after
+the group's first query head: with 4 heads in 2 groups the key receivers of layer 1 are
+``L1H0.k`` (read by heads 0 and 1) and ``L1H2.k`` (heads 2 and 3); ``L1H1.k`` is an error that
+says so. Queries stay per head.
 """
 from __future__ import annotations
 
@@ -84,11 +90,18 @@ def all_nodes(model, mlps: bool = True, embed: bool = True) -> list[Node]:
     return out
 
 
+def group_size(model) -> int:
+    """Query heads per key/value head (1 without grouped-query attention)."""
+    return model.n_heads // getattr(model, "n_kv_heads", model.n_heads)
+
+
 def all_receivers(model, inputs: str = "qkv", mlps: bool = True, logits: bool = True) -> list[Receiver]:
     has_mlp = any(s.endswith("hook_mlp_out") for s in model.sites)
+    group = group_size(model)
     out = []
     for layer in range(model.n_layers):
-        out += [Receiver("head", layer, h, c) for h in range(model.n_heads) for c in inputs]
+        out += [Receiver("head", layer, h, c) for h in range(model.n_heads) for c in inputs
+                if c == "q" or h % group == 0]
         if mlps and has_mlp:
             out.append(Receiver("mlp", layer))
     if logits:
@@ -120,6 +133,16 @@ def parse_node(model, spec) -> Node:
 
 def parse_receiver(model, spec) -> Receiver:
     """A :class:`Receiver` from ``"L1H3.k"``, ``"MLP2"``, ``"logits"`` or a Receiver."""
+    name = spec.name if isinstance(spec, Receiver) else str(spec)
+    m, group = _HEAD_IN.match(name), group_size(model)
+    if m and m.group(3) in "kv" and group > 1 and int(m.group(2)) % group and int(m.group(2)) < model.n_heads:
+        layer, head, which = int(m.group(1)), int(m.group(2)), m.group(3)
+        first = head - head % group
+        raise UnknownComponentError(
+            f"receiver {name!r}: this model uses grouped-query attention ({model.n_heads} query heads share "
+            f"{model.n_kv_heads} key/value heads), so head {head} reads the {'key' if which == 'k' else 'value'} "
+            f"of the group of heads {first}..{first + group - 1}; that receiver is named 'L{layer}H{first}.{which}'"
+        )
     return _parse(spec, all_receivers(model), Receiver, "receiver")
 
 

@@ -24,7 +24,10 @@ Receivers are patched one at a time (one row per edge), or all together
 (``joint_receivers=True``: one score per sender, as in the IOI paper's "heads -> name movers").
 
 On models with grouped-query attention, keys and values are shared by a group of query heads;
-patching ``L{l}H{h}.k`` patches the key of the group that head ``h`` reads.
+the receiver ``L{l}H{h}.k`` (``h`` the group's first head) patches the group's key.
+
+``statistics=True`` adds per-edge uncertainty over pairs (mean effect, standard error, bootstrap
+interval, sign-flip p-value; :mod:`circuits.statistics`); ``per_pair_`` holds the per-pair scores.
 """
 from __future__ import annotations
 
@@ -38,7 +41,18 @@ from interp.progress import progress_bar
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
-from .runs import batch_of, blocks, cache, chunk_size, metric_of, prepare, resolve_direction, site, tile_batch
+from .runs import (
+    batch_of,
+    blocks,
+    cache,
+    chunk_size,
+    metric_of,
+    prepare,
+    resolve_direction,
+    site,
+    tile_batch,
+)
+from .statistics import as_uncertainty, attach, check_memory
 
 Tensor = torch.Tensor
 
@@ -88,12 +102,13 @@ class PathPatching:
     sender_positions : patch senders only at these positions (default all)
     joint_receivers : patch all receivers together (one score per sender)
     batch_size : rows per forward pass
+    statistics : ``True`` or a :class:`circuits.Uncertainty`: per-edge intervals and p-values
     """
 
     def __init__(self, model, metric="logit_diff", senders: Optional[Sequence] = None,
                  receivers: Sequence = ("logits",), mlps: str = "frozen", direction: str = "corrupted_into_clean",
                  sender_positions: Optional[Sequence[int]] = None, joint_receivers: bool = False,
-                 batch_size: int = 256, progress: Optional[bool] = None):
+                 batch_size: int = 256, progress: Optional[bool] = None, statistics=False):
         self.model = model
         self.metric = metric
         self.senders = senders
@@ -104,6 +119,7 @@ class PathPatching:
         self.joint_receivers = joint_receivers
         self.batch_size = batch_size
         self.progress = progress
+        self.statistics = statistics
 
     def _validate(self) -> None:
         """Check the configuration against the model; derived state ends in ``_``."""
@@ -118,6 +134,7 @@ class PathPatching:
         self.sender_positions_ = None if self.sender_positions is None else list(self.sender_positions)
         self.groups_ = [tuple(self.receivers_)] if self.joint_receivers else [(r,) for r in self.receivers_]
         self.has_mlp_ = any(s.endswith("hook_mlp_out") for s in self.model.sites)
+        self.uncertainty_ = as_uncertainty(self.statistics)
 
     # ------------------------------------------------------------------------------------------
     def run(self, pairs: Pairs) -> pd.DataFrame:
@@ -128,6 +145,10 @@ class PathPatching:
         if not edges:
             raise ValueError("no sender writes before any receiver reads: choose senders in earlier layers than the receivers")
         sums = {e: 0.0 for e in edges}
+        kept: dict[tuple, list[Tensor]] = {e: [] for e in edges}
+        baseline: list[Tensor] = []
+        if self.uncertainty_ is not None:
+            check_memory(len(edges), n_total, self.uncertainty_, "path patching")
         target_score = source_score = 0.0
         parts = list(pairs.batches(self.batch_size))
         senders = [s for s in self.senders_ if any(e[0] == s for e in edges)]
@@ -135,7 +156,9 @@ class PathPatching:
                            progress=self.progress)
         for part in parts:
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
-            target_score += float(metric_of(self.model, target, part, self.metric_).sum())
+            unpatched = metric_of(self.model, target, part, self.metric_)
+            baseline.append(unpatched.float().cpu())
+            target_score += float(unpatched.sum())
             source_score += float(metric_of(self.model, source, part, self.metric_).sum())
             names = self._frozen_sites()
             tgt, src = cache(self.model, target, names), cache(self.model, source, names)
@@ -147,8 +170,10 @@ class PathPatching:
                 for j in range(0, len(rows), k_max):
                     sub = rows[j : j + k_max]
                     scores = self._step3(part, target, recorded, sub, len(chunk))
-                    for (k, g), value in zip(sub, scores.sum(-1).tolist()):
+                    for (k, g), value, row in zip(sub, scores.sum(-1).tolist(), scores):
                         sums[(chunk[k], g)] += value
+                        if self.uncertainty_ is not None:
+                            kept[(chunk[k], g)].append(row.float().cpu())
                 bar.update(len(chunk))
         bar.close()
         target_score /= n_total
@@ -170,6 +195,10 @@ class PathPatching:
             df[col] = df[col].astype("Int64")
         df.attrs.update(metric=self.metric_.name, direction=self.direction, mlps=self.mlps, n_pairs=n_total,
                         target_score=target_score, source_score=source_score)
+        if self.uncertainty_ is not None:
+            self.baseline_ = torch.cat(baseline)
+            self.per_pair_ = torch.stack([torch.cat(kept[e]) for e in sums])
+            df = attach(df, self.per_pair_ - self.baseline_, self.uncertainty_)
         return df
 
     # ------------------------------------------------------------------------------------------

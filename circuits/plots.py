@@ -6,6 +6,11 @@
 - :func:`circuit_graph`: the strongest edges of path patching or EAP as a layered graph, nodes at
   (layer, index), edge width and colour by score.
 
+Tables run with ``statistics=True`` carry confidence intervals; the heatmaps then take
+``significance="mask"`` (cells whose interval covers zero are left blank) or ``"mark"`` (they are
+drawn but crossed). The intervals are per cell, not corrected for the number of cells: the
+table's ``p_fdr`` column is.
+
 All figures use the toolkit's paper style (:func:`interp.plots.style`) and export with
 :func:`interp.plots.export`.
 """
@@ -17,7 +22,10 @@ import plotly.graph_objects as go
 
 from interp.plots import PALETTE, style
 
+from .statistics import significant
+
 DIVERGING = "RdBu"
+SIGNIFICANCE = (None, "mask", "mark")
 
 
 def _require(df: pd.DataFrame, cols, what: str):
@@ -26,37 +34,70 @@ def _require(df: pd.DataFrame, cols, what: str):
         raise ValueError(f"{what} needs columns {missing}; got {list(df.columns)}")
 
 
-def head_heatmap(df: pd.DataFrame, value: str = "score", title: str | None = None, size: str = "one-column") -> go.Figure:
-    """Layer x head heatmap of ``value`` (rows with a head; other rows ignored)."""
+def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significance, what: str):
+    """The value grid and, with ``significance``, a same-shaped boolean grid (interval excludes 0)."""
+    if significance not in SIGNIFICANCE:
+        raise ValueError(f"significance must be one of {SIGNIFICANCE}, got {significance!r}")
+    grid = rows.groupby([index, columns])[value].mean().unstack(columns).sort_index()
+    if significance is None:
+        return grid, None
+    if rows.duplicated([index, columns]).any():
+        raise ValueError(f"{what}: significance needs one row per cell (intervals cannot be averaged); select one "
+                         "site (and receiver) before plotting")
+    sig = rows.assign(_sig=significant(rows)).groupby([index, columns])["_sig"].first().unstack(columns)
+    return grid, sig.reindex(index=grid.index, columns=grid.columns).fillna(False).astype(bool)
+
+
+def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance) -> go.Figure:
+    z = grid.to_numpy(dtype=float)
+    lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
+    lim = lim or 1.0
+    shown = np.where(sig.to_numpy(), z, np.nan) if significance == "mask" else z
+    fig = go.Figure(go.Heatmap(z=shown, x=x, y=y, colorscale=DIVERGING, zmid=0, zmin=-lim, zmax=lim,
+                               colorbar=dict(title=value)))
+    if significance is not None:
+        rr, cc = np.nonzero(~sig.to_numpy())
+        if significance == "mark":
+            fig.add_trace(go.Scatter(x=[x[c] for c in cc], y=[y[r] for r in rr], mode="markers", name="CI covers 0",
+                                     marker=dict(symbol="x-thin", size=10, line=dict(width=1.5, color="black")),
+                                     showlegend=True, hoverinfo="skip"))
+        fig.add_annotation(text=f"{'blank' if significance == 'mask' else 'crossed'}: 95% CI covers 0 "
+                           f"({len(rr)} of {z.size} cells; per cell, uncorrected)", xref="paper", yref="paper",
+                           x=0, y=-0.18, showarrow=False, font=dict(size=11))
+    return fig
+
+
+def head_heatmap(df: pd.DataFrame, value: str = "score", title: str | None = None, size: str = "one-column",
+                 significance: str | None = None) -> go.Figure:
+    """Layer x head heatmap of ``value`` (rows with a head; other rows ignored).
+
+    ``significance``: ``"mask"`` blanks, ``"mark"`` crosses the cells whose confidence interval
+    covers zero (tables from an analyzer run with ``statistics=True``)."""
     _require(df, ["layer", "head", value], "head_heatmap")
     heads = df[df["head"].notna()]
     if heads.empty:
         raise ValueError("head_heatmap: no per-head rows in the DataFrame (patch site 'z', 'q', 'k' or 'v', or use node scores)")
-    grid = heads.groupby(["layer", "head"])[value].mean().unstack("head").sort_index()
-    z = grid.to_numpy(dtype=float)
-    lim = float(np.nanmax(np.abs(z))) or 1.0
-    fig = go.Figure(go.Heatmap(z=z, x=[f"H{int(h)}" for h in grid.columns], y=[f"L{int(l)}" for l in grid.index],
-                               colorscale=DIVERGING, zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title=value)))
+    grid, sig = _grids(heads, "layer", "head", value, significance, "head_heatmap")
+    fig = _heatmap(grid, sig, [f"H{int(h)}" for h in grid.columns], [f"L{int(l)}" for l in grid.index], value,
+                   significance)
     fig.update_layout(title=title or f"{value} by layer and head", xaxis_title="head", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)
 
 
 def position_heatmap(df: pd.DataFrame, value: str = "score", site: str | None = None, tokens=None,
-                     title: str | None = None, size: str = "two-column") -> go.Figure:
-    """Layer x position heatmap for a per-position activation patching result."""
+                     title: str | None = None, size: str = "two-column", significance: str | None = None) -> go.Figure:
+    """Layer x position heatmap for a per-position activation patching result (``significance``
+    as in :func:`head_heatmap`)."""
     _require(df, ["layer", "position", value], "position_heatmap")
     rows = df[df["position"].notna() & df["head"].isna()] if "head" in df else df[df["position"].notna()]
     if site is not None:
         rows = rows[rows["site"] == site]
     if rows.empty:
         raise ValueError("position_heatmap: no per-position rows (run ActivationPatching with by_position=True)")
-    grid = rows.groupby(["layer", "position"])[value].mean().unstack("position").sort_index()
-    z = grid.to_numpy(dtype=float)
-    lim = float(np.nanmax(np.abs(z))) or 1.0
-    x = [str(tokens[int(p)]) if tokens is not None else str(int(p)) for p in grid.columns]
-    fig = go.Figure(go.Heatmap(z=z, x=x, y=[f"L{int(l)}" for l in grid.index], colorscale=DIVERGING, zmid=0,
-                               zmin=-lim, zmax=lim, colorbar=dict(title=value)))
+    grid, sig = _grids(rows, "layer", "position", value, significance, "position_heatmap")
+    x = [f"{int(p)}:{tokens[int(p)]}" if tokens is not None else str(int(p)) for p in grid.columns]
+    fig = _heatmap(grid, sig, x, [f"L{int(l)}" for l in grid.index], value, significance)
     fig.update_layout(title=title or f"{value} by layer and position", xaxis_title="position", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)

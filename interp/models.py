@@ -68,6 +68,12 @@ class Model:
         return self.backend.n_heads
 
     @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads: ``n_heads``, or fewer under grouped-query attention (each shared by
+        ``n_heads // n_kv_heads`` query heads; the ``k`` and ``v`` sites have this many heads)."""
+        return getattr(self.backend, "n_kv_heads", self.backend.n_heads)
+
+    @property
     def d_head(self) -> int:
         return self.backend.d_head
 

@@ -51,6 +51,10 @@ def build(family: str, seed: int = 0):
         cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
                           intermediate_size=64, max_position_embeddings=64, **common)
         model = LlamaForCausalLM(cfg)
+    elif family == "llama_gqa":  # grouped-query attention (Llama-3 / Qwen shapes): 4 query heads, 2 key/value heads
+        cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          intermediate_size=64, max_position_embeddings=64, **common)
+        model = LlamaForCausalLM(cfg)
     elif family == "bert":
         cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                          max_position_embeddings=64, vocab_size=v, pad_token_id=0)

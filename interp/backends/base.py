@@ -31,6 +31,8 @@ class Backend(ABC):
     n_layers: int
     d_model: int
     n_heads: int
+    #: key/value heads (fewer than ``n_heads`` under grouped-query attention)
+    n_kv_heads: int
     d_head: int
     #: the standard site names (see :mod:`interp.sites`) this model provides, in execution order
     sites: list[str]

@@ -75,6 +75,7 @@ class NNsightBackend(Backend):
         self._base = prefix + "." if prefix and hasattr(hf_model, prefix) else ""
         self.n_layers = len(hf_model.get_submodule(self._base + self.arch.layers))
         self.n_heads = self.info.n_heads
+        self.n_kv_heads = self.info.n_kv_heads
         self.d_head = self.info.d_head
         self.d_model = getattr(config, "hidden_size", None) or config.n_embd
         self.sites = standard_sites(self.n_layers, set(self.arch.locations))

@@ -63,6 +63,7 @@ class TransformerLensBackend(Backend):
         self.n_layers = int(cfg.n_layers)
         self.d_model = int(cfg.d_model)
         self.n_heads = int(cfg.n_heads)
+        self.n_kv_heads = int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
         self.d_head = int(cfg.d_head)
         hook_names = set(bridge.hook_dict)
         self.sites = [s for s in standard_sites(self.n_layers) if s in hook_names]
