@@ -9,7 +9,13 @@ configured once, and returns tidy DataFrames from ``run`` / ``nodes`` / ``edges`
     >>> PathPatching(model, "logit_diff", receivers=["L1H2.k", "logits"]).run(pairs)
     >>> AttributionPatching(model, "logit_diff", ig_steps=5).edges(pairs)
 
-Any of them with ``statistics=True`` adds per-pair uncertainty (bootstrap intervals, sign-flip
+A circuit is tested whole: :class:`EdgePatching` patches any set of edges at once and
+:class:`Faithfulness` scores the top-k circuits of any ranking against random ones (MIB's CPR and
+CMD):
+
+    >>> Faithfulness(model, "logit_diff", n_random=20).run(pairs, {"EAP-IG": edges})
+
+Any of the patching analyzers with ``statistics=True`` adds per-pair uncertainty (bootstrap intervals, sign-flip
 p-values; :mod:`circuits.statistics`).
 
 :mod:`lab.experiments.induction` ships a model with a known circuit (induction heads) to check them on.
@@ -17,6 +23,8 @@ p-values; :mod:`circuits.statistics`).
 from .activation_patching import PATCHABLE, ActivationPatching
 from .attribution import AttributionPatching
 from .components import Node, Receiver, UnknownComponentError, all_nodes, all_receivers
+from .edge_patching import EdgePatching
+from .faithfulness import MIB_FRACTIONS, Faithfulness
 from .metrics import (
     Metric,
     MetricError,
@@ -27,12 +35,13 @@ from .metrics import (
 )
 from .pairs import PairLengthError, Pairs, make_pairs
 from .path_patching import PathPatching
-from .plots import circuit_graph, head_heatmap, position_heatmap
+from .plots import circuit_graph, faithfulness_plot, head_heatmap, position_heatmap
 from .statistics import Uncertainty, significant
 
 __all__ = [
     "ActivationPatching", "AttributionPatching", "PathPatching", "PATCHABLE", "Node", "Receiver",
     "UnknownComponentError", "all_nodes", "all_receivers", "Metric", "MetricError", "answer_prob", "as_metric",
     "kl_to_clean", "logit_diff", "PairLengthError", "Pairs", "make_pairs", "circuit_graph", "head_heatmap",
-    "position_heatmap", "Uncertainty", "significant",
+    "position_heatmap", "Uncertainty", "significant", "EdgePatching", "Faithfulness", "MIB_FRACTIONS",
+    "faithfulness_plot",
 ]

@@ -163,3 +163,41 @@ def circuit_graph(edges: pd.DataFrame, top: int = 20, value: str = "score", base
                                                        max(p[0] for p in pos.values()) + 0.6]),
                       yaxis=dict(title="layer", zeroline=False))
     return style(fig, size)
+
+
+def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, title: str | None = None,
+                      size: str = "one-column") -> go.Figure:
+    """Faithfulness against circuit size (fraction of items, log axis) for each method, with the
+    random circuits' mean and range as a band; ``summary`` (``Faithfulness.summary_``) adds each
+    method's CPR and CMD to the legend's hover text and a caption."""
+    _require(curve, ["method", "fraction", "faithfulness"], "faithfulness_plot")
+    fig = go.Figure()
+    rand = curve[curve.method == "random"]
+    if not rand.empty:
+        band = rand.groupby("fraction").faithfulness.agg(["mean", "min", "max"]).reset_index()
+        n = rand["draw"].nunique()
+        fig.add_trace(go.Scatter(x=band.fraction, y=band["max"], mode="lines", line=dict(width=0), showlegend=False,
+                                 hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=band.fraction, y=band["min"], mode="lines", line=dict(width=0), fill="tonexty",
+                                 fillcolor="rgba(150,150,150,0.3)", showlegend=False, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=band.fraction, y=band["mean"], mode="lines", name=f"random ({n})",
+                                 line=dict(color="grey", dash="dash")))
+    methods = [m for m in curve.method.unique() if m != "random"]
+    for i, name in enumerate(methods):
+        g = curve[curve.method == name].sort_values("fraction")
+        hover = [f"{name}: {k} items ({f:.1%}), f = {v:.3f}" for k, f, v in zip(g.n_items, g.fraction, g.faithfulness)]
+        fig.add_trace(go.Scatter(x=g.fraction, y=g.faithfulness, mode="lines+markers", name=name,
+                                 line=dict(color=PALETTE[i % len(PALETTE)]), text=hover, hoverinfo="text"))
+    fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
+    if summary is not None and not summary.empty:
+        parts = [f"{r.method}: CPR {r.cpr:.3f}, CMD {r.cmd:.3f}" for r in summary.itertuples()]
+        if "random_cpr_mean" in summary:
+            r = summary.iloc[0]
+            parts.append(f"random: CPR {r.random_cpr_mean:.3f} ± {r.random_cpr_sd:.3f}")
+        fig.add_annotation(text="; ".join(parts), xref="paper", yref="paper", x=0, y=-0.25, showarrow=False,
+                           font=dict(size=10), align="left")
+    level = curve.attrs.get("level", "edge")
+    fig.update_layout(title=title or "Circuit faithfulness", xaxis_title=f"circuit size (fraction of {level}s)",
+                      yaxis_title="faithfulness f(C)")
+    fig.update_xaxes(type="log")
+    return style(fig, size)

@@ -21,7 +21,7 @@ def model_dirs(tmp_path_factory):
     from tiny_models import save
 
     root = tmp_path_factory.mktemp("models")
-    return {f: save(f, root) for f in ("gpt2", "gpt_neox", "llama", "bert")}
+    return {f: save(f, root) for f in ("gpt2", "gpt_neox", "llama", "llama_gqa", "bert")}
 
 
 @pytest.fixture(scope="session")

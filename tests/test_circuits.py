@@ -132,15 +132,17 @@ def test_joint_receivers(model_dirs):
 
 
 # --- attribution patching == analytic gradients --------------------------------------------------------
-def _hf_reference(model_dir, pairs):
-    """Head-output gradients and q-input gradients computed by hand on the HuggingFace GPT-2."""
+def _hf_reference(model_dir, pairs, alphas=(0.0,)):
+    """Head-output gradients and q-input gradients computed by hand on the HuggingFace GPT-2, on the
+    corrupted run or, for EAP-IG-inputs, averaged over runs whose token embeddings are moved a
+    fraction ``alpha`` of the way to the clean ones."""
     from transformers import GPT2LMHeadModel
 
     hf = GPT2LMHeadModel.from_pretrained(model_dir).eval()
     n, heads = len(pairs), hf.config.n_head
     d_head = hf.config.n_embd // heads
 
-    def run(ids, grads):
+    def run(ids, grads, alpha=0.0):
         z, resid, qkv = {}, {}, {}
         handles = []
         for layer, block in enumerate(hf.transformer.h):
@@ -160,45 +162,59 @@ def _hf_reference(model_dir, pairs):
             handles += [block.attn.c_proj.register_forward_pre_hook(pre_z),
                         block.register_forward_pre_hook(pre_block, with_kwargs=True),
                         block.attn.c_attn.register_forward_hook(out_qkv)]
-        logits = hf(input_ids=ids).logits
+        embeds = hf.transformer.wte(ids)
+        if alpha:
+            embeds = embeds + alpha * (hf.transformer.wte(pairs.clean.input_ids) - embeds).detach()
+        logits = hf(inputs_embeds=embeds).logits
         for h in handles:
             h.remove()
         return logits, z, resid, qkv
 
     with torch.no_grad():
         _, z_clean, _, _ = run(pairs.clean.input_ids, False)
-    logits, z_corr, resid, qkv = run(pairs.corrupted.input_ids, True)
+        _, z_corr, _, _ = run(pairs.corrupted.input_ids, False)
     rows = torch.arange(n)
-    (logits[rows, -1, pairs.answer] - logits[rows, -1, pairs.wrong]).sum().backward()
-    node = {}
-    for layer in z_corr:
-        dz = (z_clean[layer] - z_corr[layer].detach()).reshape(n, -1, heads, d_head)
-        g = z_corr[layer].grad.reshape(n, -1, heads, d_head)
-        node[layer] = (dz * g).sum((0, 1, 3)) / n
-    # edge L0H{s} -> L1H{r}.q: head s's write, dotted with the gradient through head r's query alone
     block = hf.transformer.h[1]
-    x = resid[1].detach().requires_grad_(True)
-    q = block.attn.c_attn(block.ln_1(x))[..., : hf.config.n_embd].reshape(n, -1, heads, d_head)
-    g_q = qkv[1].grad[..., : hf.config.n_embd].reshape(n, -1, heads, d_head)
     w_o = hf.transformer.h[0].attn.c_proj.weight.reshape(heads, d_head, -1)
+    node = {layer: torch.zeros(heads) for layer in z_corr}
+    r_in = torch.zeros(heads, n, pairs.n_pos, hf.config.n_embd)
+    for alpha in alphas:
+        logits, z_run, resid, qkv = run(pairs.corrupted.input_ids, True, alpha)
+        (logits[rows, -1, pairs.answer] - logits[rows, -1, pairs.wrong]).sum().backward()
+        for layer in z_run:
+            dz = (z_clean[layer] - z_corr[layer]).reshape(n, -1, heads, d_head)
+            g = z_run[layer].grad.reshape(n, -1, heads, d_head)
+            node[layer] += (dz * g).sum((0, 1, 3)).detach() / n / len(alphas)
+        # receiver L1H{r}.q: the gradient through head r's query alone, w.r.t. the block's input
+        x = resid[1].detach().requires_grad_(True)
+        q = block.attn.c_attn(block.ln_1(x))[..., : hf.config.n_embd].reshape(n, -1, heads, d_head)
+        g_q = qkv[1].grad[..., : hf.config.n_embd].reshape(n, -1, heads, d_head)
+        for r in range(heads):
+            (gx,) = torch.autograd.grad(q[:, :, r], x, grad_outputs=g_q[:, :, r], retain_graph=True)
+            r_in[r] += gx.detach() / len(alphas)
     edge = torch.zeros(heads, heads)
+    dz0 = (z_clean[0] - z_corr[0]).reshape(n, -1, heads, d_head)
     for r in range(heads):
-        (r_in,) = torch.autograd.grad(q[:, :, r], x, grad_outputs=g_q[:, :, r], retain_graph=True)
         for s in range(heads):
-            dz = (z_clean[0] - z_corr[0].detach()).reshape(n, -1, heads, d_head)[:, :, s]
-            edge[s, r] = ((dz @ w_o[s] * r_in).sum() / n).detach()
+            edge[s, r] = ((dz0[:, :, s] @ w_o[s] * r_in[r]).sum() / n).detach()
     return node, edge
 
 
-def test_attribution_equals_analytic_gradients(model_dirs, backend):
+@pytest.mark.parametrize("ig_steps", [None, 4])
+def test_attribution_equals_analytic_gradients(model_dirs, backend, ig_steps):
+    """EAP and EAP-IG-inputs (4 midpoints between the corrupted and clean token embeddings)
+    equal a hand computation on the HuggingFace model."""
     model = interp.load_model(model_dirs["gpt2"], backend=backend)
     pairs = _pairs(model)
-    node_ref, edge_ref = _hf_reference(model_dirs["gpt2"], pairs)
-    nodes = AttributionPatching(model, "logit_diff", progress=False).nodes(pairs)
+    alphas = (0.0,) if ig_steps is None else tuple((j + 0.5) / ig_steps for j in range(ig_steps))
+    node_ref, edge_ref = _hf_reference(model_dirs["gpt2"], pairs, alphas)
+    nodes = AttributionPatching(model, "logit_diff", ig_steps=ig_steps, progress=False).nodes(pairs)
     for layer, ref in node_ref.items():
         ours = torch.tensor(nodes[(nodes.kind == "head") & (nodes.layer == layer)].score.to_numpy(), dtype=ref.dtype)
         torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-4)
-    edges = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+    at = AttributionPatching(model, "logit_diff", ig_steps=ig_steps, progress=False)
+    edges = at.edges(pairs)
+    assert edges.attrs["method"] == ("EAP" if ig_steps is None else "EAP-IG-inputs")
     for s in range(4):
         for r in range(4):
             got = edges[(edges.sender == f"L0H{s}") & (edges.receiver == f"L1H{r}.q")].score.item()
