@@ -13,7 +13,7 @@ from pathlib import Path
 from interp.plots import export
 from interp.results import load_table
 
-from .plots import circuit_graph, head_heatmap, position_heatmap
+from .plots import circuit_graph, faithfulness_plot, head_heatmap, position_heatmap
 
 
 def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> list[Path]:
@@ -24,8 +24,11 @@ def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> 
     if (folder / "activation_patching.csv").exists():
         ap = load_table(folder, "activation_patching")
         if (ap.site == "z").any():
-            heads = ap[ap.site == "z"].groupby(["layer", "head"], as_index=False)["normalized"].mean()
-            written += export(head_heatmap(heads, "normalized", "activation patching: head outputs"), figs / "heads_activation", formats)
+            z = ap[ap.site == "z"]
+            one_per_cell = "ci_low" in z and not z.duplicated(["layer", "head"]).any()
+            heads = z if one_per_cell else z.groupby(["layer", "head"], as_index=False)["normalized"].mean()
+            written += export(head_heatmap(heads, "normalized", "activation patching: head outputs",
+                                           significance="mark" if one_per_cell else None), figs / "heads_activation", formats)
         resid = ap[ap["position"].notna() & ap["head"].isna()]
         if not resid.empty:
             written += export(position_heatmap(resid, "normalized", site=resid.site.iloc[0]), figs / "positions_activation", formats)
@@ -40,6 +43,20 @@ def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> 
         eap = load_table(folder, "eap_edges")
         written += export(circuit_graph(eap, top=12, title="edge attribution patching: strongest edges"),
                           figs / "circuit_eap", formats)
+    for name, level in (("faithfulness", "edges"), ("node_faithfulness", "nodes")):
+        if (folder / f"{name}.csv").exists():
+            curve = load_table(folder, name)
+            summary = load_table(folder, f"{name}_summary") if (folder / f"{name}_summary.csv").exists() else None
+            if "stage" in curve:
+                for stage, part in curve.groupby("stage", sort=False):
+                    part = part.drop(columns="stage")
+                    part.attrs.update(curve.attrs)
+                    sub = None if summary is None else summary[summary.stage == stage]
+                    written += export(faithfulness_plot(part, sub, f"{curve.attrs.get('relation', '')}: faithfulness "
+                                                        f"({stage} fine-tuning)"), figs / f"{name}_{stage}", formats)
+            else:
+                written += export(faithfulness_plot(curve, summary, f"Faithfulness of circuits ({level})"),
+                                  figs / name, formats)
     if (folder / "relation_circuit.csv").exists():
         rc = load_table(folder, "relation_circuit")
         for stage in ("before", "after"):

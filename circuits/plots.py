@@ -189,15 +189,15 @@ def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, 
         fig.add_trace(go.Scatter(x=g.fraction, y=g.faithfulness, mode="lines+markers", name=name,
                                  line=dict(color=PALETTE[i % len(PALETTE)]), text=hover, hoverinfo="text"))
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
+    caption = ""
     if summary is not None and not summary.empty:
         parts = [f"{r.method}: CPR {r.cpr:.3f}, CMD {r.cmd:.3f}" for r in summary.itertuples()]
         if "random_cpr_mean" in summary:
             r = summary.iloc[0]
             parts.append(f"random: CPR {r.random_cpr_mean:.3f} ± {r.random_cpr_sd:.3f}")
-        fig.add_annotation(text="; ".join(parts), xref="paper", yref="paper", x=0, y=-0.25, showarrow=False,
-                           font=dict(size=10), align="left")
+        caption = "<br><sup>" + "; ".join(parts) + "</sup>"
     level = curve.attrs.get("level", "edge")
-    fig.update_layout(title=title or "Circuit faithfulness", xaxis_title=f"circuit size (fraction of {level}s)",
-                      yaxis_title="faithfulness f(C)")
+    fig.update_layout(title=(title or "Circuit faithfulness") + caption,
+                      xaxis_title=f"circuit size (fraction of {level}s)", yaxis_title="faithfulness f(C)")
     fig.update_xaxes(type="log")
     return style(fig, size)

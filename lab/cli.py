@@ -38,7 +38,7 @@ from interp.results import save_table, write_table
 from jacobians.dynamics import from_log, trajectory_plot
 from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
 from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
-from lab.experiments.relation_circuit import relation_circuit
+from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
 from lab.figures import regenerate
 from lab.study import StudyConfigError, run_study
 from lab.study.run import default_config
@@ -281,12 +281,14 @@ def circuits_induction(
     model: str = typer.Option("induction", help="'induction' (shipped) or a trained induction model directory"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+    n_random: int = typer.Option(50, help="random circuits for the faithfulness baseline"),
     formats: str = typer.Option("html,png,svg,pdf", help="figure formats, comma-separated"),
 ):
-    """Activation, path and attribution patching on the induction-head model, with figures."""
+    """Activation, path and attribution patching on the induction-head model (with per-pair
+    intervals and p-values), and the faithfulness of the circuits AtP, EAP and EAP-IG rank."""
     import json
 
-    summary = analyze_induction(interp.load_model(model, backend=backend), out, n_pairs=pairs)
+    summary = analyze_induction(interp.load_model(model, backend=backend), out, n_pairs=pairs, n_random=n_random)
     write_figures(out, tuple(formats.split(",")))
     typer.echo(json.dumps(summary, indent=1))
     typer.echo(f"tables and figures in {out}")
@@ -300,15 +302,28 @@ def circuits_relation(
     category: str = typer.Option("animals", help="label category for relabelling"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     pairs: int = typer.Option(32, help="clean/corrupted pairs"),
+    faithfulness: bool = typer.Option(True, help="also test EAP-IG-inputs' circuits against random ones (CPR/CMD)"),
+    n_random: int = typer.Option(20, help="random circuits for the faithfulness baseline"),
 ):
-    """Components carrying a world relation's answer before and after relabelling fine-tuning."""
+    """Components carrying a world relation's answer before and after relabelling fine-tuning,
+    with per-pair intervals, and the faithfulness of the circuits EAP-IG-inputs ranks."""
     m = interp.load_model("world", backend=backend)
     (rel,) = from_world(load_world(), [relation])
-    df = relation_circuit(m, rel, n_pairs=pairs, category=category, method=method)
+    stages = relation_stages(m, rel, n_pairs=pairs, category=category, method=method)
+    df = relation_circuit(m, rel, n_pairs=pairs, category=category, method=method, stages=stages)
     save_table(df, out, "relation_circuit")
+    if faithfulness:
+        curve, summary = relation_faithfulness(stages[0], n_random=n_random)
+        curve.attrs["relation"] = relation
+        save_table(curve, out, "faithfulness")
+        save_table(summary, out, "faithfulness_summary")
     write_figures(out)
     top = df.sort_values("normalized", ascending=False).groupby("stage").head(5)
-    typer.echo(top.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(top[["stage", "component", "normalized", "ci_low", "ci_high", "p_value"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    if faithfulness:
+        typer.echo(summary[["stage", "method", "cpr", "cmd", "random_cpr_mean", "random_cmd_mean", "p_random_cpr"]]
+                   .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
 @circuits_app.command("figures")

@@ -56,7 +56,7 @@ def _readability(folder: Path, formats) -> list[Path]:
 
 
 CIRCUIT_TABLES = ("activation_patching.csv", "path_patching.csv", "attribution_nodes.csv", "eap_edges.csv",
-                  "relation_circuit.csv")
+                  "relation_circuit.csv", "faithfulness.csv")
 
 
 def kinds(folder: Path) -> list[str]:

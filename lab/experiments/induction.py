@@ -30,6 +30,8 @@ import torch
 
 from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
+from circuits.components import all_nodes
+from circuits.faithfulness import Faithfulness
 from circuits.pairs import Pairs, make_pairs
 from circuits.path_patching import PathPatching
 from interp.models import ModelNotFoundError
@@ -238,27 +240,48 @@ def _attention_scores(model, pairs: Pairs, layer: int, offset: int, start: int =
     return pattern[:, :, rows, rows - offset].mean((0, 2))
 
 
-def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5,
+def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5, n_random: int = 50,
                       progress: Optional[bool] = None) -> dict:
-    """Activation patching, path patching (all L0 senders -> every L1 head's q/k/v), AtP and
-    EAP-IG on the induction model; tables saved in ``out`` and a summary returned."""
+    """Activation patching and path patching (all L0 senders -> every L1 head's q/k/v), both with
+    per-pair intervals and p-values; AtP, EAP and EAP-IG-inputs; and the faithfulness of the
+    circuits each attribution ranks (edges and nodes, against ``n_random`` random circuits).
+    Tables saved in ``out`` and a summary returned."""
     pairs = induction_pairs(model, n=n_pairs)
     heads = model.n_heads
     prev = previous_token_scores(model, pairs).tolist()
     ind = induction_scores(model, pairs).tolist()
-    ap = ActivationPatching(model, induction_metric, sites=["z"], by_position=False, progress=progress).run(pairs)
+    ap = ActivationPatching(model, induction_metric, sites=["z"], by_position=False, statistics=True,
+                            progress=progress).run(pairs)
     receivers = [f"L1H{h}.{c}" for h in range(heads) for c in "qkv"]
     pp = PathPatching(model, induction_metric, senders=["embed"] + [f"L0H{h}" for h in range(heads)],
-                      receivers=receivers, progress=progress).run(pairs)
+                      receivers=receivers, statistics=True, progress=progress).run(pairs)
     nodes = AttributionPatching(model, induction_metric, progress=progress).nodes(pairs)
-    eap = AttributionPatching(model, induction_metric, ig_steps=ig_steps, receivers=receivers + ["logits"],
-                              progress=progress).edges(pairs)
-    for name, df in [("activation_patching", ap), ("path_patching", pp), ("attribution_nodes", nodes), ("eap_edges", eap)]:
+    eap = AttributionPatching(model, induction_metric, progress=progress).edges(pairs)
+    eap_ig = AttributionPatching(model, induction_metric, ig_steps=ig_steps, progress=progress).edges(pairs)
+    edge_faith = Faithfulness(model, induction_metric, n_random=n_random, progress=progress)
+    curve = edge_faith.run(pairs, {"EAP": eap, "EAP-IG-inputs": eap_ig})
+    # 7 nodes: MIB's grid would test sizes 0, 1, 3 and 7 only; every size is cheap here
+    n_nodes = len(all_nodes(model))
+    node_faith = Faithfulness(model, induction_metric, level="node", fractions=[k / n_nodes for k in range(1, n_nodes + 1)],
+                              n_random=n_random, progress=progress)
+    node_curve = node_faith.run(pairs, {"AtP": nodes})
+    tables = [("activation_patching", ap), ("path_patching", pp), ("attribution_nodes", nodes), ("eap_edges", eap_ig),
+              ("eap_plain_edges", eap), ("faithfulness", curve), ("faithfulness_summary", edge_faith.summary_),
+              ("node_faithfulness", node_curve), ("node_faithfulness_summary", node_faith.summary_)]
+    for name, df in tables:
         save_table(df, out, name)
     head_edges = pp[pp.sender != "embed"].sort_values("score")
     top = head_edges.iloc[0]
     summary = {"previous_token_scores": prev, "induction_scores": ind,
-               "top_head_edge": {"sender": top.sender, "receiver": top.receiver, "normalized": float(top.normalized)},
-               "clean_metric": pp.attrs["target_score"], "corrupted_metric": pp.attrs["source_score"]}
+               "top_head_edge": {"sender": top.sender, "receiver": top.receiver, "normalized": float(top.normalized),
+                                 "ci": [float(top.ci_low), float(top.ci_high)], "p_value": float(top.p_value)},
+               "clean_metric": pp.attrs["target_score"], "corrupted_metric": pp.attrs["source_score"],
+               "faithfulness": _areas(edge_faith.summary_) | _areas(node_faith.summary_, "nodes: ")}
     write_json(summary, Path(out) / "summary.json")
     return summary
+
+
+def _areas(summary, prefix: str = "") -> dict:
+    return {prefix + r.method: {"cpr": r.cpr, "cmd": r.cmd, "random_cpr": r.random_cpr_mean,
+                                "random_cmd": r.random_cmd_mean, "p_random_cpr": r.p_random_cpr}
+            for r in summary.itertuples()}
