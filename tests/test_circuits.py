@@ -358,31 +358,46 @@ def test_induction_training_runs(tmp_path):
 def test_relation_circuit_before_and_after(tmp_path):
     from circuits.figures import write_figures
     from interp.results import load_table, save_table
-    from lab.experiments.relation_circuit import relation_circuit
+    from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
     from lab.study import FinetuneConfig
     from lab.world import from_world, load_world
 
     model = interp.load_model("world", backend="nnsight")
     (rel,) = from_world(load_world(), ["continent"])
-    df = relation_circuit(model, rel, n_pairs=12, finetune_config=FinetuneConfig(max_steps=30), progress=False)
+    stages = relation_stages(model, rel, n_pairs=12, finetune_config=FinetuneConfig(max_steps=30))
+    df = relation_circuit(model, rel, progress=False, stages=stages)
     assert set(df.stage) == {"before", "after"}
     assert len(df) == 2 * (model.n_layers * model.n_heads + model.n_layers)
     assert df.attrs["before"]["clean_score"] > df.attrs["before"]["corrupted_score"]  # the model knows the fact
+    assert df[["ci_low", "ci_high", "p_value"]].notna().all().all()
     save_table(df, tmp_path, "relation_circuit")
     assert load_table(tmp_path, "relation_circuit").attrs["relation"] == "continent"
+    curve, summary = relation_faithfulness(stages[0], ig_steps=2, n_random=3)
+    assert list(summary.stage) == ["before", "after"] and (summary.p_random_cpr > 0).all()
+    before = curve[(curve.stage == "before") & (curve.method != "random")].set_index("fraction").faithfulness
+    assert before[1.0] == pytest.approx(1.0) and before.iloc[0] == pytest.approx(0.0, abs=1e-6)
+    curve.attrs["relation"] = "continent"
+    save_table(curve, tmp_path, "faithfulness")
+    save_table(summary, tmp_path, "faithfulness_summary")
     written = write_figures(tmp_path, formats=("html", "png"))
-    assert any(p.name == "relation_before.png" for p in written)
+    assert {"relation_before.png", "faithfulness_before.png", "faithfulness_after.png"} <= {p.name for p in written}
 
 
 def test_cli_induction_and_figures(tmp_path):
+    import json
+
     from typer.testing import CliRunner
 
     from lab.cli import app
 
     out = tmp_path / "ind"
-    result = CliRunner().invoke(app, ["circuits", "induction", "--out", str(out), "--pairs", "8", "--formats", "html,png"])
+    result = CliRunner().invoke(app, ["circuits", "induction", "--out", str(out), "--pairs", "8", "--n-random", "5", "--formats", "html,png"])
     assert result.exit_code == 0, result.output
     assert (out / "path_patching.csv").exists() and (out / "figures" / "circuit_path_patching.png").stat().st_size > 5000
+    assert (out / "figures" / "faithfulness.png").exists() and (out / "figures" / "node_faithfulness.png").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["faithfulness"]["EAP-IG-inputs"]["cpr"] > summary["faithfulness"]["EAP-IG-inputs"]["random_cpr"]
+    assert summary["top_head_edge"]["p_value"] < 0.05
     (out / "figures" / "circuit_path_patching.png").unlink()
     result = CliRunner().invoke(app, ["figures", str(out), "--formats", "png"])
     assert result.exit_code == 0 and (out / "figures" / "circuit_path_patching.png").exists()
