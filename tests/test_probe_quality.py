@@ -75,3 +75,44 @@ def test_sweep_reports_codelength_when_asked():
     df = ProbeSweep(folds=5, mdl=True).run(feats, [_relation(y)])
     assert df.compression.nunique() == 1 and df.compression.iloc[0] > 1
     assert "compression" not in ProbeSweep(folds=5).run(feats, [_relation(y)])
+
+
+def test_williams_test_is_calibrated_and_has_power():
+    """Two predictors equally correlated with the outcome (and with each other): 5% false positives."""
+    from lab.study.stats import williams_t
+
+    rng = np.random.default_rng(0)
+
+    def rate(c_yx, c_yz, n=24, sims=1500):
+        cov = np.array([[1, c_yx, c_yz], [c_yx, 1, 0.7], [c_yz, 0.7, 1]])
+        chol = np.linalg.cholesky(cov)
+        hits = 0
+        for _ in range(sims):
+            r = np.corrcoef((rng.standard_normal((n, 3)) @ chol.T).T)
+            hits += williams_t(r[0, 1], r[0, 2], r[1, 2], n)["p_value"] < 0.05
+        return hits / sims
+
+    assert 0.035 < rate(0.6, 0.6) < 0.065
+    assert rate(0.85, 0.45) > 0.8
+
+
+def test_compare_predictors_on_a_finished_study(finished_study):
+    """Every predictor next to readability, with the paired difference of correlations."""
+    import interp
+    from lab.study.predictors import READABILITY, compare_predictors
+    from lab.world import from_world, load_world
+
+    out, _ = finished_study
+    model = interp.load_model("world")
+    table = compare_predictors(out, model, from_world(load_world()), n_boot=200, n_perm=200)
+    assert (out / "predictors.csv").exists() and (out / "predictor_correlations.csv").exists()
+    full = table[table.outcome == "generalization_kappa_full"].set_index("predictor")
+    assert {"readability_best", "compression_best", "selectivity_best", "auroc_best", "balanced_accuracy_best"} <= set(full.index)
+    for p, row in full.drop(index=READABILITY).iterrows():
+        if np.isnan(row.pearson_r):  # a predictor constant over the 4 relations (LRE causality) has no r
+            continue
+        assert row.r_minus_readability == pytest.approx(row.pearson_r - full.loc[READABILITY, "pearson_r"], abs=1e-9), p
+        if not np.isnan(row.diff_ci_low):
+            assert row.diff_ci_low <= row.diff_ci_high
+    cached = compare_predictors(out, n_boot=200, n_perm=200)  # second call: from predictors.csv, no model
+    assert cached.pearson_r.to_numpy() == pytest.approx(table.pearson_r.to_numpy())

@@ -14,7 +14,11 @@ subject?). Two other notions of "linear before fine-tuning" come from :mod:`jaco
 **Probe quality** (Hewitt & Liang 2019; Voita & Titov 2020), at each relation's best layer:
 selectivity (accuracy minus a control task's), macro AUROC, balanced accuracy and the online-code
 compression (:func:`probe_quality`, :mod:`probes.mdl`): does a measure that charges the probe for
-capacity or data predict generalization better than accuracy?
+capacity or data predict generalization better than accuracy? Each predictor's correlation is
+compared with readability's on the same relations (``r_minus_readability``, a paired bootstrap
+interval over relations, and Williams' t test for correlations that share the outcome), since
+two predictors measured on the same relations are correlated and their intervals overlap
+whether or not they differ.
 
 :func:`relation_predictors` measures the Jacobian ones per relation; :func:`compare_predictors` correlates
 every predictor with a finished study's generalization, side by side with readability, and
@@ -34,7 +38,7 @@ from interp.results import write_table
 from jacobians import LinearRelationalEmbedding, centroid_alignment
 from probes import ProbeSweep
 
-from .stats import pearson, spearman
+from .stats import correlation_difference, pearson, spearman
 
 
 def relation_predictors(model, relations, layer: Optional[int] = None, beta: float = 1.0, n_test: int = 40,
@@ -56,7 +60,8 @@ def relation_predictors(model, relations, layer: Optional[int] = None, beta: flo
     return pd.DataFrame(rows)
 
 
-PREDICTORS = ["readability_best_kappa", "selectivity_best", "auroc_best", "balanced_accuracy_best", "compression_best",
+READABILITY = "readability_best_kappa"
+PREDICTORS = [READABILITY, "readability_best", "selectivity_best", "auroc_best", "balanced_accuracy_best", "compression_best",
               "lre_faithfulness", "lre_causality", "centroid_alignment"]
 
 
@@ -100,8 +105,12 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
                 continue
             pr = pearson(merged[p], merged[outcome], n_boot=n_boot, n_perm=n_perm)
             sp = spearman(merged[p], merged[outcome])
+            vs = (correlation_difference(merged[p], merged[READABILITY], merged[outcome], n_boot=n_boot)
+                  if p != READABILITY else {"diff": 0.0, "ci_low": np.nan, "ci_high": np.nan, "p_williams": np.nan})
             rows.append({"outcome": outcome, "predictor": p, "pearson_r": pr["r"], "ci_low": pr["ci_low"],
-                         "ci_high": pr["ci_high"], "p_value": pr["p_value"], "spearman_r": sp["r"], "n": pr["n"]})
+                         "ci_high": pr["ci_high"], "p_value": pr["p_value"], "spearman_r": sp["r"], "n": pr["n"],
+                         "r_minus_readability": vs["diff"], "diff_ci_low": vs["ci_low"], "diff_ci_high": vs["ci_high"],
+                         "p_diff_williams": vs["p_williams"]})
     out = pd.DataFrame(rows)
     write_table(out, study_dir / "predictor_correlations.csv")
     return out

@@ -119,3 +119,41 @@ def correlation_table(table: pd.DataFrame, predictor: str, outcome: str, covaria
     if len(usable) > 1 and len(table) - 2 - len(usable) >= 1:
         rows.append(dict(analysis="partial:all", **partial(x, y, table[usable])))
     return [dict(predictor=predictor, outcome=outcome, **r) for r in rows]
+
+
+def williams_t(r_yx: float, r_yz: float, r_xz: float, n: int) -> dict:
+    """Williams' t test (Steiger 1980, eq. 7) that two correlations sharing a variable are equal:
+    ``r(y, x)`` vs ``r(y, z)``, with ``r(x, z)`` their predictors' correlation, on ``n`` cases;
+    t with ``n - 3`` degrees of freedom, two-sided p."""
+    from scipy import stats as sps
+
+    if n < 4:
+        return {"t": float("nan"), "p_value": float("nan")}
+    det = 1 - r_yx**2 - r_yz**2 - r_xz**2 + 2 * r_yx * r_yz * r_xz
+    mean = (r_yx + r_yz) / 2
+    denom = 2 * (n - 1) / (n - 3) * det + mean**2 * (1 - r_xz) ** 3
+    if denom <= 0:
+        return {"t": float("nan"), "p_value": float("nan")}
+    t = (r_yx - r_yz) * np.sqrt((n - 1) * (1 + r_xz) / denom)
+    return {"t": float(t), "p_value": float(2 * sps.t.sf(abs(t), n - 3))}
+
+
+def correlation_difference(x, z, y, n_boot: int = 2000, seed: int = 0, ci: float = 0.95) -> dict:
+    """``r(x, y) - r(z, y)`` with a paired percentile bootstrap interval (cases resampled together)
+    and Williams' t test."""
+    x, z, y = (np.asarray(v, dtype=float) for v in (x, z, y))
+    ok = ~(np.isnan(x) | np.isnan(z) | np.isnan(y))
+    x, z, y = x[ok], z[ok], y[ok]
+    n = len(y)
+    r = lambda a, b: float(np.corrcoef(a, b)[0, 1])  # noqa: E731
+    diff = r(x, y) - r(z, y)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(n_boot):
+        i = rng.integers(0, n, n)
+        if np.std(x[i]) > 0 and np.std(z[i]) > 0 and np.std(y[i]) > 0:
+            draws.append(r(x[i], y[i]) - r(z[i], y[i]))
+    tail = (1 - ci) / 2
+    low, high = (np.quantile(draws, [tail, 1 - tail]) if draws else (np.nan, np.nan))
+    w = williams_t(r(x, y), r(z, y), r(x, z), n)
+    return {"diff": diff, "ci_low": float(low), "ci_high": float(high), "p_williams": w["p_value"], "n": n}
