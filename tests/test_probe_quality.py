@@ -96,13 +96,16 @@ def test_williams_test_is_calibrated_and_has_power():
     assert rate(0.85, 0.45) > 0.8
 
 
-def test_compare_predictors_on_a_finished_study(finished_study):
+def test_compare_predictors_on_a_finished_study(finished_study, tmp_path):
     """Every predictor next to readability, with the paired difference of correlations."""
+    import shutil
+
     import interp
     from lab.study.predictors import READABILITY, compare_predictors
     from lab.world import from_world, load_world
 
-    out, _ = finished_study
+    out = tmp_path / "study"
+    shutil.copytree(finished_study[0], out)  # the session's study stays as other tests expect it
     model = interp.load_model("world")
     table = compare_predictors(out, model, from_world(load_world()), n_boot=200, n_perm=200)
     assert (out / "predictors.csv").exists() and (out / "predictor_correlations.csv").exists()
