@@ -15,6 +15,7 @@
     interp circuits induction --out DIR   patching analyses on the induction-head model
     interp circuits relation NAME --out DIR  which components carry a relation, before/after fine-tuning
     interp circuits figures DIR          redraw the figures of a circuits results folder
+    interp circuits findings             the circuits findings page (docs/circuit_findings.md)
     interp circuits train-induction --out DIR  retrain the induction-head model
     interp jacobians grok --out DIR      grokking on modular addition: weight decay vs GrokAlign
     interp study predictors DIR          LRE faithfulness and Jacobian alignment as predictors
@@ -38,6 +39,7 @@ from interp.results import save_table, write_table
 from jacobians.dynamics import from_log, trajectory_plot
 from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
 from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
+from lab.experiments.circuit_findings import write_circuit_findings
 from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
 from lab.figures import regenerate
 from lab.study import StudyConfigError, run_study
@@ -324,6 +326,18 @@ def circuits_relation(
     if faithfulness:
         typer.echo(summary[["stage", "method", "cpr", "cmd", "random_cpr_mean", "random_cmd_mean", "p_random_cpr"]]
                    .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@circuits_app.command("findings")
+def circuits_findings(
+    induction: Path = typer.Option(Path("results/induction"), help="an `interp circuits induction` results folder"),
+    relation: Optional[Path] = typer.Option(Path("results/relation_circuit"),
+                                            help="an `interp circuits relation` results folder (skipped if absent)"),
+    out: Path = typer.Option(Path("docs/circuit_findings.md"), help="the page to write"),
+):
+    """Write the circuits findings page (Markdown) from saved induction and relation results."""
+    rel = relation if relation is not None and (relation / "relation_circuit.csv").exists() else None
+    typer.echo(f"wrote {write_circuit_findings(induction, rel, out)}")
 
 
 @circuits_app.command("figures")

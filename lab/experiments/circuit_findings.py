@@ -1,0 +1,131 @@
+"""The circuits findings page, built only from saved results folders (``interp circuits
+induction`` and ``interp circuits relation``), so the numbers in the documentation are the
+numbers in the tables. ``interp circuits findings`` writes it (``docs/circuit_findings.md``)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from interp.results import load_table, write_text
+from lab.study.findings import _f, _table
+
+READING = """## How to read these numbers
+
+- **Per-pair uncertainty.** Every patching score is a mean over prompt pairs. `ci` is a 95%
+  percentile bootstrap interval of the mean effect (patched minus unpatched run, resampling
+  pairs), `p` a sign-flip permutation p-value that the mean effect is zero (exact for 12 pairs
+  or fewer, 1,000 random sign patterns above), `p_fdr` the p-values adjusted for the number of
+  cells in the table (Benjamini-Hochberg). The same seed gives the same intervals as
+  TransformerLens 4's `PatchingResult` on the same pairs (`circuits/statistics.py`).
+- **Faithfulness** (MIB, Mueller et al. 2025). The top-k edges (or nodes) by |score| form a
+  circuit; every other edge carries its value on the corrupted input (counterfactual ablation,
+  computed exactly by `circuits.EdgePatching`); f = (m(C) - m(empty)) / (m(full) - m(empty)).
+  CPR is the area under f over the fraction of items kept (higher is better), CMD the area
+  between f and 1 (0 is best), both trapezoids on a linear axis over MIB's grid (0.1% ... 100%,
+  k = floor(p N)). `cpr_low`-`cpr_high`: bootstrap over pairs. `random`: random orderings of
+  the same items; `p_random` is the fraction of random circuits with CPR at least as high (+1
+  correction), so its smallest value is 1 / (n_random + 1).
+"""
+
+
+def _copy_figure(src: Path, figures_to: Optional[Path], name: str) -> str:
+    if figures_to is None or not src.exists():
+        return ""
+    figures_to.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, figures_to / name)
+    return f"\n![{name}]({name})\n"
+
+
+def _faithfulness(summary: pd.DataFrame, extra: tuple[str, ...] = ()) -> str:
+    cols = [*extra, "method", "cpr", "cpr_low", "cpr_high", "cmd", "random_cpr_mean", "random_cpr_sd",
+            "random_cmd_mean", "p_random_cpr"]
+    return _table(summary[[c for c in cols if c in summary]])
+
+
+def induction_section(folder: Path, figures_to: Optional[Path] = None) -> str:
+    summary = json.loads((folder / "summary.json").read_text())
+    prev = ", ".join(f"L0H{i} {v:.2f}" for i, v in enumerate(summary["previous_token_scores"]))
+    ind = ", ".join(f"L1H{i} {v:.2f}" for i, v in enumerate(summary["induction_scores"]))
+    pp = load_table(folder, "path_patching")
+    n_pairs = pp.attrs.get("n_pairs")
+    top = pp.reindex((pp.score - pp.attrs["target_score"]).abs().sort_values(ascending=False).index).head(6)
+    top = top[["sender", "receiver", "normalized", "effect", "ci_low", "ci_high", "p_value", "p_fdr"]]
+    ap = load_table(folder, "activation_patching")
+    heads = ap[["layer", "head", "normalized", "effect", "ci_low", "ci_high", "p_value", "p_fdr"]]
+    edges = load_table(folder, "faithfulness_summary")
+    nodes = load_table(folder, "node_faithfulness_summary")
+    curve = load_table(folder, "faithfulness")
+    lines = [
+        "## Induction heads (a known circuit)",
+        "",
+        f"`interp circuits induction --out {folder}` ({n_pairs} pairs, single-token corruption). Attention "
+        f"to the previous token: {prev}; induction scores: {ind}. Metric: the answer's log-probability, clean "
+        f"{_f(summary['clean_metric'])}, corrupted {_f(summary['corrupted_metric'])}.",
+        "",
+        "**Path patching** (corrupted senders into the clean run, frozen MLPs), the six edges with the largest "
+        "effect:",
+        "",
+        _table(top),
+        "",
+        "**Activation patching** of each head's output (clean into corrupted, all positions):",
+        "",
+        _table(heads),
+        "",
+        f"**Faithfulness of edge circuits** ({curve.attrs.get('n_edges')} edges; EAP and EAP-IG-inputs rankings "
+        f"against {int(edges.attrs.get('n_random', 0))} random orderings):",
+        "",
+        _faithfulness(edges),
+        _copy_figure(folder / "figures" / "faithfulness.png", figures_to, "circuits_induction_faithfulness.png"),
+        "**Faithfulness of node circuits** (AtP ranking of the embeddings, heads and the two zero MLPs; every "
+        "size, since MIB's grid would test only 0, 1, 3 and all 7 nodes):",
+        "",
+        _faithfulness(nodes),
+        _copy_figure(folder / "figures" / "node_faithfulness.png", figures_to, "circuits_induction_node_faithfulness.png"),
+    ]
+    return "\n".join(lines)
+
+
+def relation_section(folder: Path, figures_to: Optional[Path] = None) -> str:
+    rc = load_table(folder, "relation_circuit")
+    relation = rc.attrs.get("relation", "")
+    lines = [f"## A relation before and after fine-tuning: `{relation}`", "",
+             f"`interp circuits relation {relation} --out {folder}` (world model, {rc.attrs.get('method')} "
+             f"fine-tune, label category {rc.attrs.get('category')}). Logit difference clean / corrupted: before "
+             f"{_f(rc.attrs['before']['clean_score'])} / {_f(rc.attrs['before']['corrupted_score'])}, after "
+             f"{_f(rc.attrs['after']['clean_score'])} / {_f(rc.attrs['after']['corrupted_score'])}.", ""]
+    for stage in ("before", "after"):
+        part = rc[rc.stage == stage]
+        n_sig = int(((part.ci_low > 0) | (part.ci_high < 0)).sum())
+        lines += [f"**{stage.capitalize()}**: {n_sig} of {len(part)} components have a 95% interval excluding 0, "
+                  f"{int((part.p_fdr < 0.05).sum())} an FDR-adjusted p below 0.05. The five largest:", "",
+                  _table(part.sort_values("normalized", ascending=False).head(5)[
+                      ["component", "normalized", "effect", "ci_low", "ci_high", "p_value", "p_fdr"]]), ""]
+    if (folder / "faithfulness_summary.csv").exists():
+        summary = load_table(folder, "faithfulness_summary")
+        lines += ["**Faithfulness** of EAP-IG-inputs' edge circuits on each side (the interval is wide when the "
+                  "clean and corrupted runs are close, as the denominator of f is their difference):", "",
+                  _faithfulness(summary, ("stage",))]
+        for stage in ("before", "after"):
+            lines.append(_copy_figure(folder / "figures" / f"faithfulness_{stage}.png", figures_to,
+                                      f"circuits_relation_faithfulness_{stage}.png"))
+    return "\n".join(lines)
+
+
+def write_circuit_findings(induction: str | Path, relation: Optional[str | Path] = None,
+                           out: str | Path = "docs/circuit_findings.md") -> Path:
+    """The findings page from an induction results folder and, optionally, a relation's."""
+    out = Path(out)
+    figures_to = out.parent
+    parts = ["# Circuits: findings (generated)", "",
+             "Generated by `interp circuits findings` from saved results folders; do not edit by hand. "
+             "Methods: [circuits](circuits.md).", "", READING,
+             induction_section(Path(induction), figures_to)]
+    if relation is not None:
+        parts += ["", relation_section(Path(relation), figures_to)]
+    write_text("\n".join(parts).rstrip() + "\n", out)
+    return out
+
