@@ -205,6 +205,17 @@ class EdgePatching:
 
         hooks = {}
 
+        def inputs(slots: dict[Receiver, int]):
+            """A hook giving block ``c`` the input of receiver ``r``: block 0's value minus its patched edges."""
+            def hook(act):
+                act = act.clone()
+                x = act[block(0)]
+                for r, c in slots.items():
+                    act[block(c)] = x - delta(r, x)
+                return act
+
+            return hook
+
         def on_embed(act):
             if embed is not None:
                 writes[embed] = act[block(0)].clone()
@@ -216,14 +227,7 @@ class EdgePatching:
             mlp_slots = {r: c for r, c in slots.items() if r.kind == "mlp"}
             pre_slots = {**head_slots, **(mlp_slots if self.parallel_ else {})}
             if pre_slots:
-                def on_pre(act, pre_slots=pre_slots):
-                    act = act.clone()
-                    x = act[block(0)]
-                    for r, c in pre_slots.items():
-                        act[block(c)] = x - delta(r, x)
-                    return act
-
-                hooks[site("resid_pre", layer)] = on_pre
+                hooks[site("resid_pre", layer)] = inputs(pre_slots)
             for which in "qkv":
                 moved = {r: c for r, c in head_slots.items() if r.input == which}
                 if not moved:
@@ -245,14 +249,7 @@ class EdgePatching:
 
                 hooks[site("z", layer)] = on_z
             if mlp_slots and not self.parallel_:
-                def on_mid(act, mlp_slots=mlp_slots):
-                    act = act.clone()
-                    x = act[block(0)]
-                    for r, c in mlp_slots.items():
-                        act[block(c)] = x - delta(r, x)
-                    return act
-
-                hooks[site("resid_mid", layer)] = on_mid
+                hooks[site("resid_mid", layer)] = inputs(mlp_slots)
             if mlp_slots or layer in mlp_senders:
                 def on_mlp(act, mlp_slots=mlp_slots, layer=layer):
                     if mlp_slots:
