@@ -160,12 +160,17 @@ class EdgePatching:
         return self._writes_from(cache(self.model, batch, self._node_sites()))
 
     def _mean_writes(self, pairs: Pairs) -> dict[Node, Tensor]:
-        """Mean write of each sender over all pairs' target inputs, per position ``[1, pos, d]``."""
+        """Mean write of each sender over all pairs' target inputs, per position ``[1, pos, d]``,
+        over the pairs whose prompt reaches that position (padding is not averaged in)."""
         sums: dict[Node, Tensor] = {}
+        count = 0
         for part in pairs.batches(self.batch_size):
-            for s, w in self._writes_of(batch_of(part, self.target_)).items():
-                sums[s] = sums.get(s, 0) + w.sum(0, keepdim=True)
-        return {s: v / len(pairs) for s, v in sums.items()}
+            batch = batch_of(part, self.target_)
+            real = batch.attention_mask.float()[..., None]  # [n, pos, 1]
+            count = count + real.sum(0, keepdim=True)
+            for s, w in self._writes_of(batch).items():
+                sums[s] = sums.get(s, 0) + (w * real.to(w.device, w.dtype)).sum(0, keepdim=True)
+        return {s: v / count.clamp(min=1).to(v.device, v.dtype) for s, v in sums.items()}
 
     def _plan(self, mask: Tensor) -> dict:
         """Which receivers have patched inputs, grouped by layer, with their copy slot and weights."""

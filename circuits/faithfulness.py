@@ -12,20 +12,26 @@ with ``m`` the metric averaged over pairs, ``full`` the unpatched model and ``em
 patched (for counterfactual ablation: the corrupted run). Sweeping the size over MIB's grid of
 fractions of all items (0.1%, 0.2%, 0.5%, 1%, 2%, 5%, 10%, 20%, 50%, 100%; ``k = floor(p * N)``
 as in MIB's code) gives the faithfulness curve, and two areas under it (trapezoids over the
-fraction of items actually kept, linear axis by default):
+fraction of items actually kept, from the empty circuit at 0 to the full model at 1, linear
+axis by default, so CPR + CMD = 1 whenever f stays within [0, 1]):
 
 - **CPR**, circuit performance ratio: the area under ``f`` (higher is better; a circuit that
   over-performs the model can exceed the area of ``f = 1``);
 - **CMD**, circuit-model distance: the area between ``f`` and 1 (0 is best).
 
-Items are ranked by ``|score|`` (MIB's default; ``absolute=False`` ranks by signed score) and
-items the scores do not mention come last. Node circuits (``level="node"``) patch every edge
+Items are ranked by ``|score|`` (MIB's default; ``absolute=False`` ranks by signed score, and
+then the sign convention of the scores matters). Ties, and items the scores do not mention
+(refused unless ``allow_unscored=True``), are ordered by a seeded random permutation, never by
+the graph's order; ``summary_`` counts both. Node circuits (``level="node"``) patch every edge
 out of a node outside the circuit, i.e. replace the node's output.
 
 **The random baseline is part of the result**: ``n_random`` random orderings of the same items
 give the curve and areas a method must beat; ``summary_`` reports each method's CPR and CMD
-with a bootstrap interval over pairs, the random circuits' mean and spread, and the fraction of
-random circuits at least as good (``p_random``, with the +1 correction).
+with a bootstrap interval over pairs, the random circuits' mean and spread, the excess of the
+method's CPR over the random mean with a bootstrap interval over pairs (``excess_cpr``,
+``excess_low``, ``excess_high``: the pairs' sampling noise, which the next number ignores), and
+the fraction of random circuits at least as good on these pairs (``p_random_cpr``, with the +1
+correction, so it cannot go below ``1 / (n_random + 1)``: the default 99 allows 0.01).
 
     >>> fa = Faithfulness(model, "logit_diff", n_random=20)
     >>> curve = fa.run(pairs, {"EAP-IG": eap_ig_edges, "EAP": eap_edges})
@@ -42,6 +48,7 @@ import torch
 
 from .edge_patching import EdgePatching
 from .pairs import Pairs
+from .runs import metric_of
 from .statistics import generator
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -61,14 +68,16 @@ class Faithfulness:
     fractions : circuit sizes as fractions of all items (default: MIB's grid)
     n_random : random orderings for the baseline
     absolute : rank by ``|score|`` (MIB) rather than by signed score
+    allow_unscored : rank items the scores leave out last (in random order) instead of refusing
     log_x : areas over ``log(fraction)`` instead of the fraction (points with no item dropped)
     n_boot : bootstrap resamples of pairs for the CPR/CMD intervals
     senders, receivers : restrict the graph (default: the whole model)
     """
 
     def __init__(self, model, metric="logit_diff", level: str = "edge", ablation: str = "counterfactual",
-                 fractions: Sequence[float] = MIB_FRACTIONS, n_random: int = 10, absolute: bool = True,
-                 log_x: bool = False, n_boot: int = 1000, seed: int = 0, senders: Optional[Sequence] = None,
+                 fractions: Sequence[float] = MIB_FRACTIONS, n_random: int = 99, absolute: bool = True,
+                 allow_unscored: bool = False, log_x: bool = False, n_boot: int = 1000, seed: int = 0,
+                 senders: Optional[Sequence] = None,
                  receivers: Optional[Sequence] = None, batch_size: int = 512, progress: Optional[bool] = None):
         self.model = model
         self.metric = metric
@@ -77,6 +86,7 @@ class Faithfulness:
         self.fractions = fractions
         self.n_random = n_random
         self.absolute = absolute
+        self.allow_unscored = allow_unscored
         self.log_x = log_x
         self.n_boot = n_boot
         self.seed = seed
@@ -91,8 +101,8 @@ class Faithfulness:
         fr = [float(f) for f in self.fractions]
         if not fr or any(not 0 < f <= 1 for f in fr) or fr != sorted(fr):
             raise ValueError(f"fractions must be increasing and in (0, 1], got {list(self.fractions)}")
-        if self.n_random < 0:
-            raise ValueError(f"n_random must be >= 0, got {self.n_random}")
+        if self.n_random < 0 or self.n_boot < 1:
+            raise ValueError(f"n_random must be >= 0 and n_boot >= 1, got {self.n_random} and {self.n_boot}")
         self.fractions_ = fr
         self.engine_ = EdgePatching(self.model, self.metric, senders=self.senders, receivers=self.receivers,
                                     ablation=self.ablation, batch_size=self.batch_size, progress=self.progress)
@@ -101,8 +111,9 @@ class Faithfulness:
                        else [s.name for s in self.engine_.senders_])
 
     # ------------------------------------------------------------------------------------------
-    def ranking(self, scores: pd.DataFrame) -> tuple[np.ndarray, int]:
-        """Item indices from most to least important, and how many items the scores left out."""
+    def ranking(self, scores: pd.DataFrame, name: str = "scores") -> tuple[np.ndarray, int, int]:
+        """Item indices from most to least important (ties and unscored items in a seeded random
+        order), how many items the scores left out, and how many share their score with another."""
         if self.level == "edge":
             need = ["sender", "receiver", "score"]
             keys = list(zip(scores.get("sender", []), scores.get("receiver", [])))
@@ -123,10 +134,20 @@ class Faithfulness:
         if extra:
             raise ValueError(f"{len(extra)} scored {self.level}s are not in this model's graph, e.g. {extra[0]!r}")
         s = np.array([value.get(item, np.nan) for item in self.items_], dtype=float)
+        unscored = int(np.isnan(s).sum())
+        if unscored and not self.allow_unscored:
+            example = self.items_[int(np.flatnonzero(np.isnan(s))[0])]
+            raise ValueError(f"{name!r} scores {len(s) - unscored} of the graph's {len(s)} {self.level}s (e.g. not "
+                             f"{example!r}); score them all (e.g. AttributionPatching(...).edges with the default "
+                             "receivers), restrict the graph (senders=, receivers=), or pass allow_unscored=True to "
+                             "rank the rest last in random order")
         key = np.abs(s) if self.absolute else s
         key = np.where(np.isnan(key), -np.inf, key)
-        order = np.argsort(-key, kind="stable")  # ties: graph order
-        return order, int(np.isnan(s).sum())
+        shuffle = torch.randperm(len(s), generator=generator(self.seed, "ties", name)).numpy()
+        order = shuffle[np.argsort(-key[shuffle], kind="stable")]  # ties: a seeded random order
+        finite = key[np.isfinite(key)]
+        tied = int(len(finite) - len(np.unique(finite)))
+        return order, unscored, tied
 
     def _mask(self, kept: np.ndarray) -> torch.Tensor:
         """Edges to patch (1) for a circuit given as kept item indices."""
@@ -151,12 +172,14 @@ class Faithfulness:
         methods = dict(scores) if isinstance(scores, Mapping) else {"scores": scores}
         if not methods:
             raise ValueError("no scores given")
-        orders = {name: self.ranking(df) for name, df in methods.items()}
+        if "random" in methods:
+            raise ValueError("'random' names the baseline; call the method something else")
+        orders = {name: self.ranking(df, name) for name, df in methods.items()}
         n_items = len(self.items_)
         gen = generator(self.seed, "faithfulness", self.level)
         randoms = [torch.randperm(n_items, generator=gen).numpy() for _ in range(self.n_random)]
         sizes = self._sizes()
-        curves = [(name, None, order) for name, (order, _) in orders.items()]
+        curves = [(name, None, order) for name, (order, _, _) in orders.items()]
         curves += [("random", r, order) for r, order in enumerate(randoms)]
         masks: list[torch.Tensor] = [torch.zeros(len(self.edges_)), torch.ones(len(self.edges_))]  # full, empty
         index: dict[bytes, int] = {masks[0].numpy().tobytes(): 0, masks[1].numpy().tobytes(): 1}
@@ -173,23 +196,45 @@ class Faithfulness:
         self.per_pair_ = per_pair
         means = per_pair.double().mean(-1).numpy()
         full, empty = means[0], means[1]
+        if abs(full - empty) < 1e-6 * max(1.0, abs(full)):
+            raise ValueError(f"the full model and the empty circuit score the same ({full:.4g}): faithfulness is "
+                             "undefined; choose pairs whose clean and corrupted runs differ on this metric")
+        self._check_empty(pairs, empty)
         curve = pd.DataFrame(rows)
         curve["score"] = means[curve["mask"].to_numpy()]
         curve["faithfulness"] = (curve["score"] - empty) / (full - empty) if full != empty else np.nan
         curve["draw"] = curve["draw"].astype("Int64")
         curve.attrs.update(full_score=float(full), empty_score=float(empty), level=self.level, ablation=self.ablation,
-                           n_items=n_items, n_edges=len(self.edges_), n_pairs=len(pairs), log_x=self.log_x,
-                           unscored={name: u for name, (_, u) in orders.items()})
+                           n_items=n_items, n_edges=len(self.edges_), n_pairs=len(pairs), log_x=self.log_x)
         self.summary_ = self._summary(curve, per_pair)
+        self.summary_["n_unscored"] = [orders[m][1] for m in self.summary_.method]
+        self.summary_["n_tied"] = [orders[m][2] for m in self.summary_.method]
         return curve.drop(columns="mask")
+
+    def _check_empty(self, pairs: Pairs, empty: float) -> None:
+        """With counterfactual ablation the empty circuit is the corrupted run: if it is not, the
+        model's first layer reads more than the embedding writes (scaled embeddings, an encoder's
+        token types...) and edge patching does not describe it."""
+        if self.ablation != "counterfactual":
+            return
+        corrupted = sum(float(metric_of(self.model, part.corrupted, part, self.engine_.metric_).double().sum())
+                        for part in pairs.batches(self.batch_size)) / len(pairs)
+        if abs(corrupted - empty) > 1e-3 * max(1.0, abs(corrupted)):
+            raise ValueError(f"with every edge patched the model scores {empty:.4g}, but the corrupted run scores "
+                             f"{corrupted:.4g}: this architecture's residual stream is not the sum of the writes edge "
+                             "patching knows (embeddings, heads, MLPs); its faithfulness numbers would be wrong")
 
     # ------------------------------------------------------------------------------------------
     def _area_rows(self, curve: pd.DataFrame, f_of_mask: np.ndarray) -> pd.DataFrame:
-        """CPR and CMD of every (method, draw) for faithfulness values per mask ``[..., masks]``."""
+        """CPR and CMD of every (method, draw) for faithfulness values per mask ``[..., masks]``;
+        on a linear axis the curve starts at the empty circuit (0 items, mask 1, f = 0)."""
         out = []
         for (name, draw), g in curve.groupby(["method", "draw"], dropna=False, sort=False):
-            cpr, cmd = areas(g["n_items"].to_numpy() / len(self.items_), f_of_mask[..., g["mask"].to_numpy()],
-                             self.log_x)
+            x = g["n_items"].to_numpy() / len(self.items_)
+            idx = g["mask"].to_numpy()
+            if not self.log_x and x[0] > 0:
+                x, idx = np.r_[0.0, x], np.r_[1, idx]
+            cpr, cmd = areas(x, f_of_mask[..., idx], self.log_x)
             out.append({"method": name, "draw": draw, "cpr": cpr, "cmd": cmd})
         return pd.DataFrame(out)
 
@@ -214,6 +259,10 @@ class Faithfulness:
                      "cmd_low": float(np.quantile(b.cmd, 0.025)), "cmd_high": float(np.quantile(b.cmd, 0.975))}
             if len(rand):
                 r_cpr, r_cmd = rand.cpr.to_numpy(float), rand.cmd.to_numpy(float)
+                boot_rand = np.stack(boot_areas[boot_areas.method == "random"].cpr.to_list()).mean(0)  # [B]
+                excess = np.asarray(b.cpr) - boot_rand
+                entry.update(excess_cpr=float(row.cpr - r_cpr.mean()), excess_low=float(np.quantile(excess, 0.025)),
+                             excess_high=float(np.quantile(excess, 0.975)))
                 entry.update(random_cpr_mean=float(r_cpr.mean()), random_cpr_sd=float(r_cpr.std(ddof=1)) if len(rand) > 1 else np.nan,
                              random_cmd_mean=float(r_cmd.mean()), random_cmd_sd=float(r_cmd.std(ddof=1)) if len(rand) > 1 else np.nan,
                              p_random_cpr=(1 + int((r_cpr >= row.cpr).sum())) / (1 + len(rand)),

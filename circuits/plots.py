@@ -6,10 +6,11 @@
 - :func:`circuit_graph`: the strongest edges of path patching or EAP as a layered graph, nodes at
   (layer, index), edge width and colour by score.
 
-Tables run with ``statistics=True`` carry confidence intervals; the heatmaps then take
-``significance="mask"`` (cells whose interval covers zero are left blank) or ``"mark"`` (they are
-drawn but crossed). The intervals are per cell, not corrected for the number of cells: the
-table's ``p_fdr`` column is.
+Tables run with ``statistics=True`` carry confidence intervals and p-values; the heatmaps then
+take ``significance="mask"`` (cells that are not significant are left blank) or ``"mark"`` (they
+are drawn but crossed), where significant means the interval excludes zero and the p-value is
+below ``1 - confidence`` (:func:`circuits.significant`). Per cell by default; ``by="p_fdr"``
+corrects for the number of cells.
 
 All figures use the toolkit's paper style (:func:`interp.plots.style`) and export with
 :func:`interp.plots.export`.
@@ -34,7 +35,7 @@ def _require(df: pd.DataFrame, cols, what: str):
         raise ValueError(f"{what} needs columns {missing}; got {list(df.columns)}")
 
 
-def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significance, what: str):
+def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significance, what: str, by: str = "p_value"):
     """The value grid and, with ``significance``, a same-shaped boolean grid (interval excludes 0)."""
     if significance not in SIGNIFICANCE:
         raise ValueError(f"significance must be one of {SIGNIFICANCE}, got {significance!r}")
@@ -44,11 +45,11 @@ def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significanc
     if rows.duplicated([index, columns]).any():
         raise ValueError(f"{what}: significance needs one row per cell (intervals cannot be averaged); select one "
                          "site (and receiver) before plotting")
-    sig = rows.assign(_sig=significant(rows)).groupby([index, columns])["_sig"].first().unstack(columns)
+    sig = rows.assign(_sig=significant(rows, by)).groupby([index, columns])["_sig"].first().unstack(columns)
     return grid, sig.reindex(index=grid.index, columns=grid.columns).fillna(False).astype(bool)
 
 
-def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance) -> go.Figure:
+def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance, note: str = "") -> go.Figure:
     z = grid.to_numpy(dtype=float)
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     lim = lim or 1.0
@@ -58,35 +59,43 @@ def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance
     if significance is not None:
         rr, cc = np.nonzero(~sig.to_numpy())
         if significance == "mark":
-            fig.add_trace(go.Scatter(x=[x[c] for c in cc], y=[y[r] for r in rr], mode="markers", name="CI covers 0",
+            fig.add_trace(go.Scatter(x=[x[c] for c in cc], y=[y[r] for r in rr], mode="markers", name="not significant",
                                      marker=dict(symbol="x-thin", size=10, line=dict(width=1.5, color="black")),
                                      showlegend=True, hoverinfo="skip"))
-        fig.add_annotation(text=f"{'blank' if significance == 'mask' else 'crossed'}: 95% CI covers 0 "
-                           f"({len(rr)} of {z.size} cells; per cell, uncorrected)", xref="paper", yref="paper",
-                           x=0, y=-0.18, showarrow=False, font=dict(size=11))
+        fig.add_annotation(text=f"{'blank' if significance == 'mask' else 'crossed'}: not significant, {len(rr)} of "
+                           f"{z.size} cells ({note})", xref="paper", yref="paper", x=0, y=-0.18, showarrow=False,
+                           font=dict(size=11))
     return fig
 
 
+def _note(df: pd.DataFrame, by: str) -> str:
+    level = round(100 * df.attrs.get("confidence", 0.95))
+    pairs = df.attrs.get("statistics_pairs", df.attrs.get("n_pairs", "?"))
+    scope = "corrected over cells (FDR)" if by == "p_fdr" else "per cell, uncorrected"
+    return f"{level}% CI covers 0 or p >= {1 - level / 100:.2f}; {pairs} pairs; {scope}"
+
+
 def head_heatmap(df: pd.DataFrame, value: str = "score", title: str | None = None, size: str = "one-column",
-                 significance: str | None = None) -> go.Figure:
+                 significance: str | None = None, by: str = "p_value") -> go.Figure:
     """Layer x head heatmap of ``value`` (rows with a head; other rows ignored).
 
-    ``significance``: ``"mask"`` blanks, ``"mark"`` crosses the cells whose confidence interval
-    covers zero (tables from an analyzer run with ``statistics=True``)."""
+    ``significance``: ``"mask"`` blanks, ``"mark"`` crosses the cells that are not significant
+    (:func:`circuits.significant` with ``by``; tables from an analyzer run with ``statistics=True``)."""
     _require(df, ["layer", "head", value], "head_heatmap")
     heads = df[df["head"].notna()]
     if heads.empty:
         raise ValueError("head_heatmap: no per-head rows in the DataFrame (patch site 'z', 'q', 'k' or 'v', or use node scores)")
-    grid, sig = _grids(heads, "layer", "head", value, significance, "head_heatmap")
+    grid, sig = _grids(heads, "layer", "head", value, significance, "head_heatmap", by)
     fig = _heatmap(grid, sig, [f"H{int(h)}" for h in grid.columns], [f"L{int(l)}" for l in grid.index], value,
-                   significance)
+                   significance, _note(df, by))
     fig.update_layout(title=title or f"{value} by layer and head", xaxis_title="head", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)
 
 
 def position_heatmap(df: pd.DataFrame, value: str = "score", site: str | None = None, tokens=None,
-                     title: str | None = None, size: str = "two-column", significance: str | None = None) -> go.Figure:
+                     title: str | None = None, size: str = "two-column", significance: str | None = None,
+                     by: str = "p_value") -> go.Figure:
     """Layer x position heatmap for a per-position activation patching result (``significance``
     as in :func:`head_heatmap`)."""
     _require(df, ["layer", "position", value], "position_heatmap")
@@ -95,9 +104,9 @@ def position_heatmap(df: pd.DataFrame, value: str = "score", site: str | None = 
         rows = rows[rows["site"] == site]
     if rows.empty:
         raise ValueError("position_heatmap: no per-position rows (run ActivationPatching with by_position=True)")
-    grid, sig = _grids(rows, "layer", "position", value, significance, "position_heatmap")
+    grid, sig = _grids(rows, "layer", "position", value, significance, "position_heatmap", by)
     x = [f"{int(p)}:{tokens[int(p)]}" if tokens is not None else str(int(p)) for p in grid.columns]
-    fig = _heatmap(grid, sig, x, [f"L{int(l)}" for l in grid.index], value, significance)
+    fig = _heatmap(grid, sig, x, [f"L{int(l)}" for l in grid.index], value, significance, _note(df, by))
     fig.update_layout(title=title or f"{value} by layer and position", xaxis_title="position", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)
@@ -167,10 +176,14 @@ def circuit_graph(edges: pd.DataFrame, top: int = 20, value: str = "score", base
 
 def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, title: str | None = None,
                       size: str = "one-column") -> go.Figure:
-    """Faithfulness against circuit size (fraction of items, log axis) for each method, with the
-    random circuits' mean and range as a band; ``summary`` (``Faithfulness.summary_``) adds each
-    method's CPR and CMD to the legend's hover text and a caption."""
-    _require(curve, ["method", "fraction", "faithfulness"], "faithfulness_plot")
+    """Faithfulness against circuit size for each method, with the random circuits' mean and range
+    as a band; ``summary`` (``Faithfulness.summary_``) adds each method's CPR and CMD as a caption.
+
+    x is the fraction of items actually kept (``n_items / N``; sizes with no item are left out of
+    the log axis), while CPR and CMD are areas on a linear axis from 0 to 1."""
+    _require(curve, ["method", "n_items", "faithfulness"], "faithfulness_plot")
+    n_total = curve.attrs.get("n_items") or int(curve.n_items.max())
+    curve = curve[curve.n_items > 0].assign(fraction=lambda d: d.n_items / n_total)
     fig = go.Figure()
     rand = curve[curve.method == "random"]
     if not rand.empty:
@@ -184,7 +197,7 @@ def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, 
                                  line=dict(color="grey", dash="dash")))
     methods = [m for m in curve.method.unique() if m != "random"]
     for i, name in enumerate(methods):
-        g = curve[curve.method == name].sort_values("fraction")
+        g = curve[curve.method == name].drop_duplicates("n_items").sort_values("fraction")
         hover = [f"{name}: {k} items ({f:.1%}), f = {v:.3f}" for k, f, v in zip(g.n_items, g.fraction, g.faithfulness)]
         fig.add_trace(go.Scatter(x=g.fraction, y=g.faithfulness, mode="lines+markers", name=name,
                                  line=dict(color=PALETTE[i % len(PALETTE)]), text=hover, hoverinfo="text"))
@@ -194,10 +207,10 @@ def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, 
         parts = [f"{r.method}: CPR {r.cpr:.3f}, CMD {r.cmd:.3f}" for r in summary.itertuples()]
         if "random_cpr_mean" in summary:
             r = summary.iloc[0]
-            parts.append(f"random: CPR {r.random_cpr_mean:.3f} ± {r.random_cpr_sd:.3f}")
+            parts.append(f"random: CPR {r.random_cpr_mean:.3f} (SD {r.random_cpr_sd:.3f})")
         caption = "<br><sup>" + "; ".join(parts) + "</sup>"
     level = curve.attrs.get("level", "edge")
     fig.update_layout(title=(title or "Circuit faithfulness") + caption,
-                      xaxis_title=f"circuit size (fraction of {level}s)", yaxis_title="faithfulness f(C)")
+                      xaxis_title=f"circuit size (fraction of the {n_total} {level}s kept)", yaxis_title="faithfulness f(C)")
     fig.update_xaxes(type="log")
     return style(fig, size)

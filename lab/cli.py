@@ -283,7 +283,7 @@ def circuits_induction(
     model: str = typer.Option("induction", help="'induction' (shipped) or a trained induction model directory"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     pairs: int = typer.Option(32, help="clean/corrupted pairs"),
-    n_random: int = typer.Option(50, help="random circuits for the faithfulness baseline"),
+    n_random: int = typer.Option(99, help="random circuits for the faithfulness baseline"),
     formats: str = typer.Option("html,png,svg,pdf", help="figure formats, comma-separated"),
 ):
     """Activation, path and attribution patching on the induction-head model (with per-pair
@@ -305,7 +305,7 @@ def circuits_relation(
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     pairs: int = typer.Option(32, help="clean/corrupted pairs"),
     faithfulness: bool = typer.Option(True, help="also test EAP-IG-inputs' circuits against random ones (CPR/CMD)"),
-    n_random: int = typer.Option(20, help="random circuits for the faithfulness baseline"),
+    n_random: int = typer.Option(99, help="random circuits for the faithfulness baseline"),
 ):
     """Components carrying a world relation's answer before and after relabelling fine-tuning,
     with per-pair intervals, and the faithfulness of the circuits EAP-IG-inputs ranks."""

@@ -69,14 +69,21 @@ def test_all_edges_out_of_a_node_equal_activation_patching(model_dirs):
 
 
 def test_mean_ablation_replaces_a_node_by_its_mean(model_dirs, backend):
+    """Mean over the pairs that reach each position (pairs of different lengths: padding is not
+    averaged in); small batches give the same numbers as one."""
     model = interp.load_model(model_dirs["llama_gqa"], backend=backend)
-    pairs = _pairs(model)
+    pairs = make_pairs(model, CLEAN + ["Rome is the capital of Italy and it is located in Spain"],
+                       CORRUPTED + ["Madrid is the capital of Italy and it is located in Spain"],
+                       answer=["Paris", "Rome", "Tokyo", "Mira", "Rome"], wrong=["Berlin", "Madrid", "Vorn", "Oba", "Madrid"])
     ep = EdgePatching(model, "logit_diff", ablation="mean", progress=False)
     edges = ep.edges()
     mask = torch.tensor((edges.sender == "L0H2").to_numpy(), dtype=torch.float32)
     got = ep.evaluate(pairs, mask)[0]
+    small = EdgePatching(model, "logit_diff", ablation="mean", batch_size=10, progress=False)
+    torch.testing.assert_close(small.evaluate(pairs, mask)[0], got, atol=1e-5, rtol=1e-5)  # 2 pairs per pass
     z = model.read(pairs.clean, ["blocks.0.attn.hook_z"])["blocks.0.attn.hook_z"]
-    mean = z[:, :, 2].mean(0)
+    real = pairs.clean.attention_mask.float()[:, :, None]
+    mean = (z[:, :, 2] * real).sum(0) / real.sum(0)
 
     def hook(act):
         act = act.clone()
@@ -173,7 +180,13 @@ def test_node_faithfulness_and_bad_inputs(induction):
     fa = Faithfulness(model, induction_metric, level="node", fractions=[0.3, 0.6, 1.0], n_random=5, progress=False)
     curve = fa.run(pairs, nodes)
     assert curve.attrs["n_items"] == len(nodes)
-    assert curve[curve.method == "scores"].faithfulness.iloc[-1] == pytest.approx(1.0)
+    ours = curve[curve.method == "scores"]
+    assert ours.faithfulness.iloc[-1] == pytest.approx(1.0)
+    row = fa.summary_.iloc[0]
+    if ours.faithfulness.between(-1e-6, 1 + 1e-6).all():  # the area runs from the empty circuit (0) to all items (1)
+        assert row.cpr + row.cmd == pytest.approx(1.0, abs=1e-6)
+    assert row.n_unscored == 0 and row.n_tied >= 1  # the two zero MLPs tie
+    assert row.excess_low <= row.excess_high
     with pytest.raises(ValueError, match="needs columns"):
         fa.run(pairs, nodes.drop(columns="node"))
     with pytest.raises(ValueError, match="one score per node"):
@@ -185,6 +198,14 @@ def test_node_faithfulness_and_bad_inputs(induction):
     edges = AttributionPatching(model, induction_metric, progress=False).edges(pairs)
     with pytest.raises(ValueError, match="not in this model's graph"):
         Faithfulness(model, induction_metric, receivers=["logits"]).run(pairs, edges)
+    with pytest.raises(ValueError, match="names the baseline"):
+        Faithfulness(model, induction_metric).run(pairs, {"random": edges})
+    to_logits = edges[edges.receiver == "logits"]
+    with pytest.raises(ValueError, match="allow_unscored=True"):
+        Faithfulness(model, induction_metric, n_random=2).run(pairs, to_logits)
+    fa = Faithfulness(model, induction_metric, n_random=2, allow_unscored=True, progress=False)
+    fa.run(pairs, to_logits)
+    assert fa.summary_.n_unscored.iloc[0] == len(edges) - len(to_logits)
 
 
 def test_areas_are_trapezoids():

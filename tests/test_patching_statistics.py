@@ -10,7 +10,7 @@ from transformer_lens import patching
 
 import interp
 from circuits import ActivationPatching, AttributionPatching, PathPatching, Uncertainty, head_heatmap, make_pairs
-from circuits.statistics import bootstrap_ci, fdr, sign_flip_p
+from circuits.statistics import bootstrap_ci, fdr, sign_flip_p, significant, summarize
 
 CITIES = ["Paris", "Berlin", "Rome", "Madrid", "Tokyo", "Vorn", "Kallit", "Mira"]
 COUNTRIES = ["France", "Germany", "Italy", "Spain"]
@@ -100,11 +100,11 @@ def test_path_and_attribution_statistics(model_dirs, backend):
     assert set(edges.columns) >= {"stderr", "ci_low", "ci_high", "p_value", "p_fdr"}
 
 
-def test_heatmap_masks_and_marks_cells_whose_interval_covers_zero(model_dirs):
+def test_heatmap_masks_and_marks_cells_that_are_not_significant(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
-    pairs = _pairs(model, 8)
+    pairs = _pairs(model, 16)
     df = ActivationPatching(model, sites=["z"], by_position=False, statistics=True, progress=False).run(pairs)
-    crosses_zero = ~((df.ci_low > 0) | (df.ci_high < 0))
+    crosses_zero = ~(((df.ci_low > 0) | (df.ci_high < 0)) & (df.p_value < 0.05))
     assert 0 < crosses_zero.sum() < len(df)
     masked = head_heatmap(df, value="effect", significance="mask")
     z = np.array(masked.data[0].z, dtype=float)
@@ -113,8 +113,32 @@ def test_heatmap_masks_and_marks_cells_whose_interval_covers_zero(model_dirs):
     np.testing.assert_allclose(z[~np.isnan(z)], grid[~np.isnan(z)])
     marked = head_heatmap(df, value="effect", significance="mark")
     assert len(marked.data[1].x) == crosses_zero.sum()
+    assert "16 pairs" in marked.layout.annotations[0].text
     with pytest.raises(ValueError, match="statistics=True"):
         head_heatmap(df.drop(columns=["ci_low"]), significance="mask")
+
+
+def test_significance_keeps_its_false_positive_rate_with_few_pairs():
+    """The bootstrap interval alone under-covers with few pairs; significance also needs the exact p."""
+    gen = torch.Generator().manual_seed(1)
+    config = Uncertainty(n_resamples=400, n_permutations=400)
+    for n in (3, 5, 8, 12):
+        x = torch.randn(1500, n, generator=gen)
+        low, high = bootstrap_ci(x, config)
+        interval_only = ((low > 0) | (high < 0)).float().mean().item()
+        table = summarize(x, config)
+        table.attrs["confidence"] = 0.95
+        rate = significant(table).mean()
+        assert rate <= 0.06, (n, rate)
+        if n <= 8:
+            assert interval_only > 0.09, (n, interval_only)  # what the interval alone would claim
+
+
+def test_float_noise_is_not_an_effect():
+    """A patch that changes nothing, up to 1e-7 in one direction for every pair, is not significant."""
+    noise = torch.full((1, 20), 1e-7)
+    table = summarize(noise, Uncertainty())
+    assert table.p_value.iloc[0] == 1.0 and table.effect.iloc[0] == 0.0
 
 
 def test_statistics_refuse_tables_that_do_not_fit(model_dirs):

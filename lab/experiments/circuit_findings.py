@@ -13,22 +13,30 @@ import pandas as pd
 from interp.results import load_table, write_text
 from lab.study.findings import _f, _table
 
-READING = """## How to read these numbers
+def reading(stats: pd.DataFrame, curve: pd.DataFrame) -> str:
+    """How to read the numbers, with the settings the saved tables were made with."""
+    level = round(100 * stats.attrs.get("confidence", 0.95))
+    perms = stats.attrs.get("n_permutations", "?")
+    return f"""## How to read these numbers
 
-- **Per-pair uncertainty.** Every patching score is a mean over prompt pairs. `ci` is a 95%
-  percentile bootstrap interval of the mean effect (patched minus unpatched run, resampling
-  pairs), `p` a sign-flip permutation p-value that the mean effect is zero (exact for 12 pairs
-  or fewer, 1,000 random sign patterns above), `p_fdr` the p-values adjusted for the number of
-  cells in the table (Benjamini-Hochberg). The same seed gives the same intervals as
-  TransformerLens 4's `PatchingResult` on the same pairs (`circuits/statistics.py`).
-- **Faithfulness** (MIB, Mueller et al. 2025). The top-k edges (or nodes) by |score| form a
-  circuit; every other edge carries its value on the corrupted input (counterfactual ablation,
-  computed exactly by `circuits.EdgePatching`); f = (m(C) - m(empty)) / (m(full) - m(empty)).
-  CPR is the area under f over the fraction of items kept (higher is better), CMD the area
-  between f and 1 (0 is best), both trapezoids on a linear axis over MIB's grid (0.1% ... 100%,
-  k = floor(p N)). `cpr_low`-`cpr_high`: bootstrap over pairs. `random`: random orderings of
-  the same items; `p_random` is the fraction of random circuits with CPR at least as high (+1
-  correction), so its smallest value is 1 / (n_random + 1).
+- **Per-pair uncertainty.** Every patching score is a mean over prompt pairs. `effect` is the
+  mean change from the unpatched run in the metric's units; `ci_low`-`ci_high` a {level}%
+  percentile bootstrap interval of it ({stats.attrs.get("n_resamples", "?")} resamples of pairs),
+  `p_value` a sign-flip permutation p-value that it is zero (exact for 12 pairs or fewer, {perms}
+  random sign patterns above), `p_fdr` the p-values adjusted for the number of cells in the
+  table (Benjamini-Hochberg). The interval and p are for `effect`; `normalized` divides by the
+  clean-corrupted difference, a noisy number of its own when that difference is small. The
+  same seed gives the same intervals as TransformerLens 4's `PatchingResult` on the same pairs
+  (`circuits/statistics.py`).
+- **Faithfulness** (MIB, Mueller et al. 2025). The top-k items (edges or nodes) by |score| form
+  a circuit; every other edge carries its {curve.attrs.get("ablation", "counterfactual")} value
+  (computed exactly by `circuits.EdgePatching`); f = (m(C) - m(empty)) / (m(full) - m(empty)).
+  CPR is the area under f over the fraction of items kept, from the empty circuit to all items
+  (higher is better), CMD the area between f and 1 (0 is best), trapezoids on a linear axis.
+  `cpr_low`-`cpr_high`: bootstrap over pairs. `random`: random orderings of the same items;
+  `excess_cpr` is CPR minus the random mean, with a bootstrap interval over pairs;
+  `p_random_cpr` the fraction of random circuits with CPR at least as high on these pairs (+1
+  correction, so never below 1 / (n_random + 1)).
 """
 
 
@@ -42,7 +50,7 @@ def _copy_figure(src: Path, figures_to: Optional[Path], name: str) -> str:
 
 def _faithfulness(summary: pd.DataFrame, extra: tuple[str, ...] = ()) -> str:
     cols = [*extra, "method", "cpr", "cpr_low", "cpr_high", "cmd", "random_cpr_mean", "random_cpr_sd",
-            "random_cmd_mean", "p_random_cpr"]
+            "excess_cpr", "excess_low", "excess_high", "p_random_cpr"]
     return _table(summary[[c for c in cols if c in summary]])
 
 
@@ -75,18 +83,32 @@ def induction_section(folder: Path, figures_to: Optional[Path] = None) -> str:
         "",
         _table(heads),
         "",
-        f"**Faithfulness of edge circuits** ({curve.attrs.get('n_edges')} edges; EAP and EAP-IG-inputs rankings "
-        f"against {int(edges.attrs.get('n_random', 0))} random orderings):",
+        _known(summary),
+        f"**Faithfulness of edge circuits** ({curve.attrs.get('n_edges')} edges, MIB's grid of sizes; EAP and "
+        f"EAP-IG-inputs rankings against {int(edges.attrs.get('n_random', 0))} random orderings):",
         "",
         _faithfulness(edges),
         _copy_figure(folder / "figures" / "faithfulness.png", figures_to, "circuits_induction_faithfulness.png"),
-        "**Faithfulness of node circuits** (AtP ranking of the embeddings, heads and the two zero MLPs; every "
-        "size, since MIB's grid would test only 0, 1, 3 and all 7 nodes):",
+        f"**Faithfulness of node circuits** (AtP ranking of the embeddings, heads and MLPs, "
+        f"{load_table(folder, 'node_faithfulness').attrs.get('n_items')} nodes; every size, since MIB's grid is "
+        "too coarse for so few):",
         "",
         _faithfulness(nodes),
         _copy_figure(folder / "figures" / "node_faithfulness.png", figures_to, "circuits_induction_node_faithfulness.png"),
     ]
     return "\n".join(lines)
+
+
+def _known(summary: dict) -> str:
+    known = summary.get("known_circuit")
+    if not known:
+        return ""
+    edges = ", ".join(f"{a} -> {b}" for a, b in known["edges"])
+    top = "are exactly these" if known["top_eap_ig_edges_are_the_circuit"] else "are *not* these"
+    return (f"**The known circuit.** From the attention patterns, {len(known['edges'])} of the "
+            f"{known['n_graph_edges']} edges should carry the behaviour: {edges}. Kept alone (every other edge "
+            f"patched) they give f = {_f(known['faithfulness'])}; EAP-IG-inputs' top {len(known['edges'])} edges "
+            f"{top}.\n")
 
 
 def relation_section(folder: Path, figures_to: Optional[Path] = None) -> str:
@@ -120,10 +142,12 @@ def write_circuit_findings(induction: str | Path, relation: Optional[str | Path]
     """The findings page from an induction results folder and, optionally, a relation's."""
     out = Path(out)
     figures_to = out.parent
+    induction = Path(induction)
     parts = ["# Circuits: findings (generated)", "",
              "Generated by `interp circuits findings` from saved results folders; do not edit by hand. "
-             "Methods: [circuits](circuits.md).", "", READING,
-             induction_section(Path(induction), figures_to)]
+             "Methods: [circuits](circuits.md).", "",
+             reading(load_table(induction, "activation_patching"), load_table(induction, "faithfulness")),
+             induction_section(induction, figures_to)]
     if relation is not None:
         parts += ["", relation_section(Path(relation), figures_to)]
     write_text("\n".join(parts).rstrip() + "\n", out)

@@ -31,6 +31,7 @@ import torch
 from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
 from circuits.components import all_nodes
+from circuits.edge_patching import EdgePatching
 from circuits.faithfulness import Faithfulness
 from circuits.pairs import Pairs, make_pairs
 from circuits.path_patching import PathPatching
@@ -240,7 +241,29 @@ def _attention_scores(model, pairs: Pairs, layer: int, offset: int, start: int =
     return pattern[:, :, rows, rows - offset].mean((0, 2))
 
 
-def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5, n_random: int = 50,
+def known_circuit(model, pairs: Pairs) -> set[tuple[str, str]]:
+    """The induction circuit's edges under the single-token corruption, from attention patterns:
+    the previous-token head (the L0 head attending most to ``t - 1``) reads the changed token
+    (its value), every L1 head's key reads the previous-token head, and every L1 head writes the
+    answer into the logits. (The queries and values of the L1 heads read unchanged tokens, so
+    their edges carry nothing under this corruption.)"""
+    prev = int(previous_token_scores(model, pairs).argmax())
+    edges = {("embed", f"L0H{prev}.v")}
+    for h in range(model.n_heads):
+        edges |= {(f"L0H{prev}", f"L1H{h}.k"), (f"L1H{h}", "logits")}
+    return edges
+
+
+def circuit_faithfulness(model, pairs: Pairs, circuit: set[tuple[str, str]], metric=None) -> float:
+    """f(C) of one circuit (a set of (sender, receiver) edges), every other edge patched."""
+    ep = EdgePatching(model, metric or induction_metric, progress=False)
+    edges = ep.edges()
+    keep = torch.tensor([0.0 if e in circuit else 1.0 for e in zip(edges.sender, edges.receiver)])
+    m = ep.evaluate(pairs, torch.stack([torch.zeros(len(keep)), torch.ones(len(keep)), keep])).double().mean(-1)
+    return float((m[2] - m[1]) / (m[0] - m[1]))
+
+
+def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5, n_random: int = 99,
                       progress: Optional[bool] = None) -> dict:
     """Activation patching and path patching (all L0 senders -> every L1 head's q/k/v), both with
     per-pair intervals and p-values; AtP, EAP and EAP-IG-inputs; and the faithfulness of the
@@ -270,18 +293,25 @@ def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int =
               ("node_faithfulness", node_curve), ("node_faithfulness_summary", node_faith.summary_)]
     for name, df in tables:
         save_table(df, out, name)
+    known = known_circuit(model, pairs)
+    ranked = eap_ig.reindex(eap_ig.score.abs().sort_values(ascending=False).index).head(len(known))
+    top_ig = set(zip(ranked.sender, ranked.receiver))
     head_edges = pp[pp.sender != "embed"].sort_values("score")
     top = head_edges.iloc[0]
     summary = {"previous_token_scores": prev, "induction_scores": ind,
                "top_head_edge": {"sender": top.sender, "receiver": top.receiver, "normalized": float(top.normalized),
                                  "ci": [float(top.ci_low), float(top.ci_high)], "p_value": float(top.p_value)},
                "clean_metric": pp.attrs["target_score"], "corrupted_metric": pp.attrs["source_score"],
-               "faithfulness": _areas(edge_faith.summary_) | _areas(node_faith.summary_, "nodes: ")}
+               "faithfulness": _areas(edge_faith.summary_) | _areas(node_faith.summary_, "nodes: "),
+               "known_circuit": {"edges": sorted(map(list, known)), "n_graph_edges": int(curve.attrs["n_edges"]),
+                                 "faithfulness": circuit_faithfulness(model, pairs, known),
+                                 "top_eap_ig_edges_are_the_circuit": top_ig == known}}
     write_json(summary, Path(out) / "summary.json")
     return summary
 
 
 def _areas(summary, prefix: str = "") -> dict:
     return {prefix + r.method: {"cpr": r.cpr, "cmd": r.cmd, "random_cpr": r.random_cpr_mean,
-                                "random_cmd": r.random_cmd_mean, "p_random_cpr": r.p_random_cpr}
+                                "random_cpr_sd": r.random_cpr_sd, "random_cmd": r.random_cmd_mean,
+                                "excess_cpr": [r.excess_cpr, r.excess_low, r.excess_high], "p_random_cpr": r.p_random_cpr}
             for r in summary.itertuples()}

@@ -128,7 +128,7 @@ def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animal
     return out[cols].pipe(lambda d: _with_attrs(d, out.attrs))
 
 
-def relation_faithfulness(stages: list[Stage], ig_steps: int = 5, n_random: int = 20, seed: int = 0,
+def relation_faithfulness(stages: list[Stage], ig_steps: int = 5, n_random: int = 99, seed: int = 0,
                           progress: Optional[bool] = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Faithfulness curves (with ``stage``) and their CPR/CMD summary for EAP-IG-inputs' circuits
     on each stage, against ``n_random`` random circuits."""

@@ -106,7 +106,9 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
             pr = pearson(merged[p], merged[outcome], n_boot=n_boot, n_perm=n_perm)
             sp = spearman(merged[p], merged[outcome])
             vs = (correlation_difference(merged[p], merged[READABILITY], merged[outcome], n_boot=n_boot)
-                  if p != READABILITY else {"diff": 0.0, "ci_low": np.nan, "ci_high": np.nan, "p_williams": np.nan})
+                  if p != READABILITY and READABILITY in merged
+                  else {"diff": 0.0 if p == READABILITY else np.nan, "ci_low": np.nan, "ci_high": np.nan,
+                        "p_williams": np.nan})
             rows.append({"outcome": outcome, "predictor": p, "pearson_r": pr["r"], "ci_low": pr["ci_low"],
                          "ci_high": pr["ci_high"], "p_value": pr["p_value"], "spearman_r": sp["r"], "n": pr["n"],
                          "r_minus_readability": vs["diff"], "diff_ci_low": vs["ci_low"], "diff_ci_high": vs["ci_high"],

@@ -156,4 +156,5 @@ def correlation_difference(x, z, y, n_boot: int = 2000, seed: int = 0, ci: float
     tail = (1 - ci) / 2
     low, high = (np.quantile(draws, [tail, 1 - tail]) if draws else (np.nan, np.nan))
     w = williams_t(r(x, y), r(z, y), r(x, z), n)
-    return {"diff": diff, "ci_low": float(low), "ci_high": float(high), "p_williams": w["p_value"], "n": n}
+    return {"diff": diff, "ci_low": float(low), "ci_high": float(high), "p_williams": w["p_value"], "n": n,
+            "n_boot_used": len(draws)}  # resamples where a variable was constant have no r and are dropped
