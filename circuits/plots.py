@@ -204,13 +204,19 @@ def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, 
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
     caption = ""
     if summary is not None and not summary.empty:
-        parts = [f"{r.method}: CPR {r.cpr:.3f}, CMD {r.cmd:.3f}" for r in summary.itertuples()]
+        parts = [f"{r.method} {r.cpr:.3f} / {r.cmd:.3f}" for r in summary.itertuples()]
         if "random_cpr_mean" in summary:
             r = summary.iloc[0]
-            parts.append(f"random: CPR {r.random_cpr_mean:.3f} (SD {r.random_cpr_sd:.3f})")
-        caption = "<br><sup>" + "; ".join(parts) + "</sup>"
+            parts.append(f"random {r.random_cpr_mean:.3f} (SD {r.random_cpr_sd:.3f}) / {r.random_cmd_mean:.3f}")
+        caption = "<br>".join(["CPR / CMD: " + parts[0], *parts[1:]])
     level = curve.attrs.get("level", "edge")
-    fig.update_layout(title=(title or "Circuit faithfulness") + caption,
+    fig.update_layout(title=title or "Circuit faithfulness",
                       xaxis_title=f"circuit size (fraction of the {n_total} {level}s kept)", yaxis_title="faithfulness f(C)")
     fig.update_xaxes(type="log")
-    return style(fig, size)
+    fig = style(fig, size)
+    if caption:
+        lines = caption.count("<br>") + 1
+        fig.add_annotation(text=caption, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", yanchor="top",
+                           showarrow=False, align="left", font=dict(size=11))
+        fig.update_layout(margin=dict(b=90 + 16 * lines))
+    return fig
