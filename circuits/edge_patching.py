@@ -114,8 +114,10 @@ class EdgePatching:
         pairs = prepare(self.model, pairs, self.metric_)
         means = self._mean_writes(pairs) if self.ablation == "mean" else None
         active = [self._plan(m) for m in masks]
-        copies = 1 + max((len(slots) for plan in active for slots in plan["by_layer"].values()), default=0)
-        per_batch = max(1, self.batch_size // copies)
+        # each set of edges runs with the copies its busiest layer needs (the full model with one);
+        # the batch of pairs is sized for the largest, so no pass exceeds batch_size rows
+        copies = [1 + max((len(slots) for slots in plan["by_layer"].values()), default=0) for plan in active]
+        per_batch = max(1, self.batch_size // max(copies))
         out = torch.zeros(len(masks), len(pairs))
         bar = progress_bar(total=len(masks) * len(pairs), desc="edge patching", unit="pair runs", progress=self.progress)
         start = 0
@@ -123,7 +125,7 @@ class EdgePatching:
             target = batch_of(part, self.target_)
             source_writes = means if means is not None else self._writes_of(batch_of(part, self.source_))
             for k, plan in enumerate(active):
-                out[k, start : start + len(part)] = self._run(part, target, source_writes, plan, copies).float().cpu()
+                out[k, start : start + len(part)] = self._run(part, target, source_writes, plan, copies[k]).float().cpu()
                 bar.update(len(part))
             start += len(part)
         bar.close()
