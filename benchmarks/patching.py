@@ -23,13 +23,35 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import interp  # noqa: E402  (after the environment above is set)
+import numpy as np  # noqa: E402  (after the environment above is set)
+import torch  # noqa: E402
+from naive_patching import naive_path_patch  # noqa: E402
+from scipy.stats import pearsonr, spearmanr  # noqa: E402
+from transformer_lens import patching  # noqa: E402
+
+import interp  # noqa: E402
+from circuits import ActivationPatching, AttributionPatching, PathPatching  # noqa: E402
+from circuits.components import parse_receivers  # noqa: E402
+from circuits.metrics import as_metric  # noqa: E402
+from lab.experiments.relation_circuit import relation_pairs  # noqa: E402
+from lab.world import from_world, load_world  # noqa: E402
 
 
 def timed(fn):
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
+
+
+def world_pairs(relation: str, n: int, backend: str):
+    """The world model and ``n`` patching pairs of one relation (2 threads), described on stdout."""
+    torch.set_num_threads(2)
+    model = interp.load_model("world", backend=backend)
+    (rel,) = from_world(load_world(), [relation])
+    pairs = relation_pairs(model, [p.text for p in rel.prompts()], rel.answers, n=n, seed=0)
+    print(f"world model: {model.n_layers} layers x {model.n_heads} heads, d_model {model.d_model}; {len(pairs)} pairs "
+          f"of {pairs.n_pos} tokens ({relation}); backend {backend}; 2 threads\n")
+    return model, pairs
 
 
 def main() -> None:
@@ -39,25 +61,8 @@ def main() -> None:
     parser.add_argument("--backend", default=interp.DEFAULT_BACKEND)
     args = parser.parse_args()
 
-    import numpy as np
-    import torch
-    from naive_patching import naive_path_patch
-    from scipy.stats import pearsonr, spearmanr
-    from transformer_lens import patching
-
-    from circuits import ActivationPatching, AttributionPatching, PathPatching
-    from circuits.components import parse_receivers
-    from circuits.metrics import as_metric
-    from lab.experiments.relation_circuit import relation_pairs
-    from lab.world import from_world, load_world
-
-    torch.set_num_threads(2)
-    model = interp.load_model("world", backend=args.backend)
-    (rel,) = from_world(load_world(), [args.relation])
-    pairs = relation_pairs(model, [p.text for p in rel.prompts()], rel.answers, n=args.pairs, seed=0)
+    model, pairs = world_pairs(args.relation, args.pairs, args.backend)
     L, H = model.n_layers, model.n_heads
-    print(f"world model: {L} layers x {H} heads, d_model {model.d_model}; {len(pairs)} pairs of {pairs.n_pos} tokens "
-          f"({args.relation}); backend {args.backend}; 2 threads\n")
 
     receivers = [f"L{l}H{h}.{c}" for l in range(1, L) for h in range(H) for c in "qkv"] + ["logits"]
     senders = ["embed"] + [f"L{l}H{h}" for l in range(L) for h in range(H)]

@@ -19,21 +19,16 @@ ordered from smallest to largest).
 from __future__ import annotations
 
 import argparse
-import os
 import resource
-import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-os.environ.setdefault("TQDM_DISABLE", "1")
+# first: benchmarks/patching.py sets the offline environment, and has the model, prompts and timer
+from patching import timed, world_pairs  # isort: skip
 
-import interp  # noqa: E402  (after the environment above is set)
+import torch  # noqa: E402
+from transformer_lens import patching  # noqa: E402
 
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
+import interp  # noqa: E402
+from circuits import ActivationPatching, PathPatching, Uncertainty  # noqa: E402
 
 
 def peak_mib() -> float:
@@ -47,20 +42,8 @@ def main() -> None:
     parser.add_argument("--backend", default=interp.DEFAULT_BACKEND)
     args = parser.parse_args()
 
-    import torch
-    from transformer_lens import patching
-
-    from circuits import ActivationPatching, PathPatching, Uncertainty
-    from lab.experiments.relation_circuit import relation_pairs
-    from lab.world import from_world, load_world
-
-    torch.set_num_threads(2)
-    model = interp.load_model("world", backend=args.backend)
-    (rel,) = from_world(load_world(), [args.relation])
-    pairs = relation_pairs(model, [p.text for p in rel.prompts()], rel.answers, n=args.pairs, seed=0)
+    model, pairs = world_pairs(args.relation, args.pairs, args.backend)
     L, H = model.n_layers, model.n_heads
-    print(f"world model: {L} layers x {H} heads; {len(pairs)} pairs of {pairs.n_pos} tokens ({args.relation}); "
-          f"backend {args.backend}; 2 threads\n")
     config = Uncertainty(n_resamples=1000, n_permutations=1000)
     rows = []
 
