@@ -27,7 +27,7 @@ holds the per-pair scores ``[cells, n_pairs]`` (rows in the table's order) with
 from __future__ import annotations
 
 import difflib
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -70,8 +70,8 @@ class ActivationPatching:
     """
 
     def __init__(self, model, metric="logit_diff", sites: Sequence[str] = ("resid_pre",), by_position: bool = True,
-                 direction: str = "clean_into_corrupted", layers: Optional[Sequence[int]] = None,
-                 positions: Optional[Sequence[int]] = None, batch_size: int = 256, progress: Optional[bool] = None,
+                 direction: str = "clean_into_corrupted", layers: Sequence[int] | None = None,
+                 positions: Sequence[int] | None = None, batch_size: int = 256, progress: bool | None = None,
                  statistics=False):
         self.model = model
         self.metric = metric

@@ -32,7 +32,7 @@ pairs; nothing is run per component.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -69,10 +69,10 @@ class AttributionPatching:
     statistics : ``True`` or a :class:`circuits.Uncertainty`: per-row intervals and p-values over pairs
     """
 
-    def __init__(self, model, metric="logit_diff", ig_steps: Optional[int] = None,
-                 direction: str = "clean_into_corrupted", nodes: Optional[Sequence] = None,
-                 receivers: Optional[Sequence] = None, by_position: bool = False, batch_size: int = 64,
-                 progress: Optional[bool] = None, statistics=False):
+    def __init__(self, model, metric="logit_diff", ig_steps: int | None = None,
+                 direction: str = "clean_into_corrupted", nodes: Sequence | None = None,
+                 receivers: Sequence | None = None, by_position: bool = False, batch_size: int = 64,
+                 progress: bool | None = None, statistics=False):
         self.model = model
         self.metric = metric
         self.ig_steps = ig_steps
@@ -266,7 +266,7 @@ class AttributionPatching:
                          receivers: list[Receiver]) -> Tensor:
         """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: ``[R, n, pos, d_model]``."""
         model = self.model
-        out: list[Optional[Tensor]] = [None] * len(receivers)
+        out: list[Tensor | None] = [None] * len(receivers)
         by_layer: dict[int, list[int]] = {}
         for j, r in enumerate(receivers):
             if r.kind == "logits":

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 
 class UnknownComponentError(ValueError):
@@ -29,7 +29,7 @@ class UnknownComponentError(ValueError):
 class Node:
     kind: str  # "embed" | "head" | "mlp"
     layer: int = -1  # -1 for the embeddings
-    head: Optional[int] = None
+    head: int | None = None
 
     @property
     def name(self) -> str:
@@ -52,7 +52,7 @@ class Node:
 class Receiver:
     kind: str  # "head" | "mlp" | "logits"
     layer: int
-    head: Optional[int] = None
+    head: int | None = None
     input: str = "resid"  # "q" | "k" | "v" for heads; "resid" otherwise
 
     @property
@@ -146,7 +146,7 @@ def parse_receiver(model, spec) -> Receiver:
     return _parse(spec, all_receivers(model), Receiver, "receiver")
 
 
-def parse_nodes(model, specs: Optional[Iterable]) -> list[Node]:
+def parse_nodes(model, specs: Iterable | None) -> list[Node]:
     if specs is None:
         return all_nodes(model)
     if isinstance(specs, (str, Node)):
@@ -154,7 +154,7 @@ def parse_nodes(model, specs: Optional[Iterable]) -> list[Node]:
     return [parse_node(model, s) for s in specs]
 
 
-def parse_receivers(model, specs: Optional[Iterable]) -> list[Receiver]:
+def parse_receivers(model, specs: Iterable | None) -> list[Receiver]:
     if specs is None:
         return all_receivers(model)
     if isinstance(specs, (str, Receiver)):

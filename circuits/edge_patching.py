@@ -33,7 +33,7 @@ on grouped-query models a key/value receiver is its group's shared key/value.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -66,9 +66,9 @@ class EdgePatching:
     batch_size : rows per forward pass (pairs x copies)
     """
 
-    def __init__(self, model, metric="logit_diff", senders: Optional[Sequence] = None,
-                 receivers: Optional[Sequence] = None, ablation: str = "counterfactual",
-                 direction: str = "corrupted_into_clean", batch_size: int = 512, progress: Optional[bool] = None):
+    def __init__(self, model, metric="logit_diff", senders: Sequence | None = None,
+                 receivers: Sequence | None = None, ablation: str = "counterfactual",
+                 direction: str = "corrupted_into_clean", batch_size: int = 512, progress: bool | None = None):
         self.model = model
         self.metric = metric
         self.senders = senders

@@ -40,7 +40,7 @@ correction, so it cannot go below ``1 / (n_random + 1)``: the default 99 allows 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -77,8 +77,8 @@ class Faithfulness:
     def __init__(self, model, metric="logit_diff", level: str = "edge", ablation: str = "counterfactual",
                  fractions: Sequence[float] = MIB_FRACTIONS, n_random: int = 99, absolute: bool = True,
                  allow_unscored: bool = False, log_x: bool = False, n_boot: int = 1000, seed: int = 0,
-                 senders: Optional[Sequence] = None,
-                 receivers: Optional[Sequence] = None, batch_size: int = 512, progress: Optional[bool] = None):
+                 senders: Sequence | None = None,
+                 receivers: Sequence | None = None, batch_size: int = 512, progress: bool | None = None):
         self.model = model
         self.metric = metric
         self.level = level

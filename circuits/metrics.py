@@ -15,7 +15,7 @@ patching.
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from jaxtyping import Float

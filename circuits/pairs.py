@@ -13,8 +13,8 @@ positions past a short pair's end patch padding and leave that pair unchanged.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Optional, Sequence
 
 import torch
 from jaxtyping import Int
@@ -35,11 +35,11 @@ class Pairs:
 
     clean: Batch
     corrupted: Batch
-    answer: Optional[Int[Tensor, "n"]] = None  # the clean run's answer token
-    wrong: Optional[Int[Tensor, "n"]] = None  # the corrupted run's answer token (logit difference)
-    last: Optional[Int[Tensor, "n"]] = None  # index of each pair's last real token
+    answer: Int[Tensor, " n"] | None = None  # the clean run's answer token
+    wrong: Int[Tensor, " n"] | None = None  # the corrupted run's answer token (logit difference)
+    last: Int[Tensor, " n"] | None = None  # index of each pair's last real token
     #: the clean run's logits at ``last`` (filled in by the analyzers for :func:`kl_to_clean`)
-    clean_logits: Optional[Tensor] = None
+    clean_logits: Tensor | None = None
 
     def __post_init__(self):
         if self.last is None:
@@ -52,7 +52,7 @@ class Pairs:
     def n_pos(self) -> int:
         return int(self.clean.input_ids.shape[1])
 
-    def __getitem__(self, index: slice) -> "Pairs":
+    def __getitem__(self, index: slice) -> Pairs:
         def cut(b: Batch) -> Batch:
             return Batch(b.input_ids[index], b.attention_mask[index], b.position_ids[index], b.shift[index])
 
@@ -64,7 +64,7 @@ class Pairs:
         for i in range(0, len(self), size):
             yield self[i : i + size]
 
-    def tile(self, k: int) -> "Pairs":
+    def tile(self, k: int) -> Pairs:
         """The pairs repeated ``k`` times (rows ordered copy-major: ``[copy, pair]``)."""
 
         def rep(t):
@@ -76,12 +76,12 @@ class Pairs:
         return Pairs(rep_batch(self.clean), rep_batch(self.corrupted), rep(self.answer), rep(self.wrong), rep(self.last),
                      rep(self.clean_logits))
 
-    def swapped(self) -> "Pairs":
+    def swapped(self) -> Pairs:
         """Clean and corrupted exchanged (answer and wrong too)."""
         return replace(self, clean=self.corrupted, corrupted=self.clean, answer=self.wrong, wrong=self.answer, clean_logits=None)
 
 
-def _token_ids(model, answers, n: int, what: str) -> Optional[Tensor]:
+def _token_ids(model, answers, n: int, what: str) -> Tensor | None:
     if answers is None:
         return None
     if isinstance(answers, Tensor):
@@ -113,8 +113,8 @@ def make_pairs(
     model,
     clean: Sequence[str] | Int[Tensor, "n pos"],
     corrupted: Sequence[str] | Int[Tensor, "n pos"],
-    answer: Optional[Sequence[str | int] | Tensor] = None,
-    wrong: Optional[Sequence[str | int] | Tensor] = None,
+    answer: Sequence[str | int] | Tensor | None = None,
+    wrong: Sequence[str | int] | Tensor | None = None,
 ) -> Pairs:
     """Tokenize and align clean/corrupted prompts (strings or ``[n, pos]`` token ids).
 

@@ -31,7 +31,7 @@ interval, sign-flip p-value; :mod:`circuits.statistics`); ``per_pair_`` holds th
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -105,10 +105,10 @@ class PathPatching:
     statistics : ``True`` or a :class:`circuits.Uncertainty`: per-edge intervals and p-values
     """
 
-    def __init__(self, model, metric="logit_diff", senders: Optional[Sequence] = None,
+    def __init__(self, model, metric="logit_diff", senders: Sequence | None = None,
                  receivers: Sequence = ("logits",), mlps: str = "frozen", direction: str = "corrupted_into_clean",
-                 sender_positions: Optional[Sequence[int]] = None, joint_receivers: bool = False,
-                 batch_size: int = 256, progress: Optional[bool] = None, statistics=False):
+                 sender_positions: Sequence[int] | None = None, joint_receivers: bool = False,
+                 batch_size: int = 256, progress: bool | None = None, statistics=False):
         self.model = model
         self.metric = metric
         self.senders = senders
@@ -284,7 +284,7 @@ class PathPatching:
         only that group's receivers replaced by the sender's recorded values."""
         n, model, r_count = len(part), self.model, len(rows)
         by_site: dict[str, list[tuple[int, Receiver]]] = {}
-        for row, (k, g) in enumerate(rows):
+        for row, (_k, g) in enumerate(rows):
             for r in g:
                 by_site.setdefault(receiver_site(model, r), []).append((row, r))
         hooks = {}

@@ -5,8 +5,8 @@ both backends (TransformerLens ``TransformerBridge`` and nnsight).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -68,7 +68,7 @@ def blocks(logits: Tensor, pairs: Pairs, metric: Metric, k: int) -> Tensor:
 
 @torch.no_grad()
 def metric_of(model, batch: Batch, pairs: Pairs, metric: Metric,
-              hooks: Optional[Mapping[str, Callable]] = None) -> Tensor:
+              hooks: Mapping[str, Callable] | None = None) -> Tensor:
     return metric.reduce(model.run(batch, hooks), pairs).detach()
 
 

@@ -13,8 +13,8 @@ use this table: ``TransformerBridge`` already exposes these names.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -27,8 +27,8 @@ Tensor = torch.Tensor
 class Codec:
     """Converts a module's raw input/output to a site tensor (``get``) and writes it back (``put``)."""
 
-    get: Callable[[object, "ArchInfo"], Tensor]
-    put: Callable[[object, Tensor, "ArchInfo"], object]
+    get: Callable[[object, ArchInfo], Tensor]
+    put: Callable[[object, Tensor, ArchInfo], object]
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,8 @@ def architecture_for(config) -> Architecture:
 
 
 def arch_info(config) -> ArchInfo:
-    n_heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
-    d_model = getattr(config, "hidden_size", None) or getattr(config, "n_embd")
+    n_heads = getattr(config, "num_attention_heads", None) or config.n_head
+    d_model = getattr(config, "hidden_size", None) or config.n_embd
     d_head = getattr(config, "head_dim", None) or d_model // n_heads
     n_kv = getattr(config, "num_key_value_heads", None) or n_heads
     return ArchInfo(n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import torch
 
@@ -33,7 +33,7 @@ from .tokens import PositionSpec, encode, resolve_positions
 class Activations(dict):
     """``site -> tensor`` with the prompts and positions they came from (and a mask for ``"all"``)."""
 
-    def __init__(self, data, prompts: list[Prompt], positions: PositionSpec, mask: Optional[torch.Tensor] = None):
+    def __init__(self, data, prompts: list[Prompt], positions: PositionSpec, mask: torch.Tensor | None = None):
         super().__init__(data)
         self.prompts = prompts
         self.positions = positions
@@ -47,12 +47,12 @@ def capture(
     positions: PositionSpec = "last",
     *,
     batch_size: int = 32,
-    dtype: Optional[torch.dtype] = None,
+    dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
-    padding_side: Optional[str] = None,
-    store: Optional[str | Path | ActivationStore] = None,
+    padding_side: str | None = None,
+    store: str | Path | ActivationStore | None = None,
     shard_size: int = 1024,
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
 ):
     """Activations of ``model`` at ``sites`` and ``positions`` for every prompt in ``inputs``.
 
@@ -120,7 +120,7 @@ class _Job:
         self.all_tokens = spec == "all"
         self.width = max(len(p) for p in token_positions)
 
-    def rows(self, start: int, stop: int, bar) -> tuple[dict[str, torch.Tensor], Optional[torch.Tensor]]:
+    def rows(self, start: int, stop: int, bar) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         chunks: dict[str, list[torch.Tensor]] = {s: [] for s in self.sites}
         for b0 in range(start, stop, self.batch_size):
             b1 = min(b0 + self.batch_size, stop)

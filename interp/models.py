@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -48,9 +49,9 @@ class Model:
         self.tokenizer = tokenizer
         self.name = name
         #: where the weights were loaded from (a directory), so workers can load it again; None in memory
-        self.source: Optional[str] = None
-        self._fingerprint: Optional[str] = None
-        self._scoring: Optional[Scoring] = None
+        self.source: str | None = None
+        self._fingerprint: str | None = None
+        self._scoring: Scoring | None = None
         #: interventions every forward pass of this handle applies: ``(site, fn(act, batch))``
         self._standing: tuple[tuple[str, Callable], ...] = ()
 
@@ -109,12 +110,12 @@ class Model:
         return 0
 
     @property
-    def model_type(self) -> Optional[str]:
+    def model_type(self) -> str | None:
         """The HuggingFace ``model_type`` (``"gpt2"``, ``"llama"``, ``"bert"``...), when there is one."""
         return self.backend.model_type
 
     @property
-    def hf_model(self) -> Optional[torch.nn.Module]:
+    def hf_model(self) -> torch.nn.Module | None:
         """The underlying HuggingFace model, when there is one (analyzers never need it: they go
         through the handle). On a TransformerLens handle it is the module the bridge wraps, whose
         fused q/k/v weights the bridge runs as separate projections: read a trained TransformerLens
@@ -125,7 +126,7 @@ class Model:
         """``W_O`` of every head at ``layer``: ``[n_heads, d_head, d_model]``."""
         return self.backend.head_output_weights(layer)
 
-    def attention_pattern(self, inputs, layer: int, padding_side: Optional[str] = None) -> torch.Tensor:
+    def attention_pattern(self, inputs, layer: int, padding_side: str | None = None) -> torch.Tensor:
         """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""
         batch = self._on_device(inputs, padding_side)
         return self.backend.attention_pattern(batch.input_ids, batch.attention_mask, layer)
@@ -141,18 +142,18 @@ class Model:
     def encode(self, prompts) -> list[Encoded]:
         return encode(self.tokenizer, as_prompts(prompts))
 
-    def _on_device(self, inputs, padding_side: Optional[str]) -> Batch:
+    def _on_device(self, inputs, padding_side: str | None) -> Batch:
         """``inputs`` (any kind :func:`~interp.prompts.as_prompts` takes, or a Batch) as a padded
         batch on the model's device."""
         batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
         dev = self.device
         return Batch(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev), batch.shift)
 
-    def batch(self, encoded: Sequence[Encoded], padding_side: Optional[str] = None) -> Batch:
+    def batch(self, encoded: Sequence[Encoded], padding_side: str | None = None) -> Batch:
         side = padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
         return pad(encoded, self.pad_token_id, side)
 
-    def run(self, inputs, hooks: Optional[Mapping[str, HookFn]] = None, padding_side: Optional[str] = None) -> torch.Tensor:
+    def run(self, inputs, hooks: Mapping[str, HookFn] | None = None, padding_side: str | None = None) -> torch.Tensor:
         """Forward pass with ``hooks`` (site -> function of the activation returning ``None`` to
         read or a tensor to write). ``inputs``: prompts, or a :class:`~interp.tokens.Batch`."""
         batch = self._on_device(inputs, padding_side)
@@ -160,7 +161,7 @@ class Model:
             self.check_sites(list(hooks))
         return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, hooks))
 
-    def forward(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos vocab"]:
+    def forward(self, inputs, padding_side: str | None = None) -> Float[torch.Tensor, "batch pos vocab"]:
         """Logits of a forward pass (with this handle's standing interventions, if any; no other
         hooks), differentiable (fine-tuning trains through it). ``inputs``: prompts, or a
         :class:`~interp.tokens.Batch`."""
@@ -169,7 +170,7 @@ class Model:
             return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, None))
         return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)
 
-    def intervened(self, site: str, fn: Callable[[torch.Tensor, Batch], Optional[torch.Tensor]]) -> "Model":
+    def intervened(self, site: str, fn: Callable[[torch.Tensor, Batch], torch.Tensor | None]) -> Model:
         """A handle on the same weights whose every forward pass (``forward``, ``run``,
         ``logprobs``, ``final_hidden``, captures, and a :meth:`trainable_copy`'s training) first
         applies ``fn(activation, batch)`` at ``site``; ``fn`` returns the new activation, or None to
@@ -181,7 +182,7 @@ class Model:
         model.source, model._standing = self.source, self._standing + ((site, fn),)
         return model
 
-    def _with_standing(self, batch: Batch, hooks: Optional[Mapping[str, HookFn]]) -> Optional[dict[str, HookFn]]:
+    def _with_standing(self, batch: Batch, hooks: Mapping[str, HookFn] | None) -> dict[str, HookFn] | None:
         """``hooks`` with the standing interventions applied first at their sites."""
         if not self._standing:
             return dict(hooks) if hooks else hooks
@@ -204,7 +205,7 @@ class Model:
         continuing it (causal LMs) or in a masked slot after it (encoders); see :mod:`interp.scoring`."""
         return self.scoring.logprobs(prompts, candidates, batch_size)
 
-    def final_hidden(self, inputs, padding_side: Optional[str] = None) -> Float[torch.Tensor, "batch pos d_model"]:
+    def final_hidden(self, inputs, padding_side: str | None = None) -> Float[torch.Tensor, "batch pos d_model"]:
         """The last block's residual output (before any head), differentiable."""
         batch = self._on_device(inputs, padding_side)
         if not self._standing:
@@ -222,7 +223,7 @@ class Model:
         return self.backend.input_embeddings()
 
     @torch.no_grad()
-    def token_logprobs(self, text: str) -> Float[torch.Tensor, "n_tokens_minus_1"]:
+    def token_logprobs(self, text: str) -> Float[torch.Tensor, " n_tokens_minus_1"]:
         """``log p(token_i | tokens before it)`` for every token of ``text`` after its first
         (causal LMs only)."""
         if self.scoring.kind != "continuation":
@@ -234,7 +235,7 @@ class Model:
         logits = self.forward(pad([Encoded(ids, [])], self.pad_token_id))[0].float()
         return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:], device=logits.device)[:, None])[:, 0].cpu()
 
-    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "Model":
+    def trainable_copy(self, lora: LoraSpec | None = None, freeze_embeddings: bool = False) -> Model:
         """A handle on a deep copy of the weights that trains: in full (embedding tables frozen if
         asked) or through LoRA adapters (``lora=LoraSpec(r, alpha)``); see :mod:`interp.trainable`.
         The original model is never modified."""
@@ -242,17 +243,17 @@ class Model:
         model._standing = self._standing  # a copy of an intervened handle trains under the same interventions
         return model
 
-    def train(self, mode: bool = True) -> "Model":
+    def train(self, mode: bool = True) -> Model:
         self.module.train(mode)
         return self
 
-    def eval(self) -> "Model":
+    def eval(self) -> Model:
         return self.train(False)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
-    def read(self, inputs, sites, padding_side: Optional[str] = None) -> dict[str, torch.Tensor]:
+    def read(self, inputs, sites, padding_side: str | None = None) -> dict[str, torch.Tensor]:
         """Full activations ``[batch, pos, ...]`` at ``sites`` for one padded batch of prompts."""
         sites = self.check_sites(sites)
         out: dict[str, torch.Tensor] = {}
@@ -293,9 +294,9 @@ def load_model(
     backend: str = DEFAULT_BACKEND,
     *,
     tokenizer=None,
-    device: Optional[str | torch.device] = None,
-    dtype: Optional[torch.dtype] = None,
-    name: Optional[str] = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    name: str | None = None,
     remote: bool = False,
 ) -> Model:
     """Load a model behind ``backend`` (``"nnsight"``, the default, or ``"transformer_lens"``);
@@ -359,7 +360,7 @@ def registered_models() -> list[str]:
     return sorted(set(_REGISTRY) | {ep.name for ep in entry_points(group="interp.models")})
 
 
-def _registered(name: str) -> Optional[Callable[[], Path]]:
+def _registered(name: str) -> Callable[[], Path] | None:
     if name not in _REGISTRY:
         for ep in entry_points(group="interp.models"):
             if ep.name == name:
@@ -398,7 +399,7 @@ def resolve_path(spec: str | os.PathLike) -> Path:
     )
 
 
-def _compose(standing: Callable, user: Optional[HookFn], batch: Batch) -> HookFn:
+def _compose(standing: Callable, user: HookFn | None, batch: Batch) -> HookFn:
     """A hook applying ``standing(act, batch)`` and then ``user`` (a reader or writer) to its result."""
     def hook(act):
         new = standing(act, batch)

@@ -16,14 +16,14 @@ import logging
 import os
 import sys
 import time
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from tqdm.auto import tqdm
 
 logger = logging.getLogger("interp.progress")
 
 
-def bar_disabled(progress: Optional[bool], items: Optional[int] = None, threshold: int = 0) -> Optional[bool]:
+def bar_disabled(progress: bool | None, items: int | None = None, threshold: int = 0) -> bool | None:
     """tqdm's ``disable=`` for a ``progress=`` setting; with ``progress=None`` a loop of at most
     ``threshold`` items shows no bar."""
     if progress is None:
@@ -49,8 +49,8 @@ class LogProgress:
     """A progress bar's interface (iterate, ``update``, ``set_postfix``, ``close``) that writes a
     log line at an interval instead of redrawing a bar."""
 
-    def __init__(self, iterable: Optional[Iterable] = None, total: Optional[int] = None, desc: str = "",
-                 unit: str = "it", interval: Optional[float] = None):
+    def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "",
+                 unit: str = "it", interval: float | None = None):
         self.iterable = iterable
         self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
         self.desc, self.unit = desc, unit
@@ -99,8 +99,8 @@ class LogProgress:
         logger.info(", ".join(parts))
 
 
-def progress_bar(iterable: Optional[Iterable] = None, *, total: Optional[int] = None, desc: str = "", unit: str = "it",
-                 progress: Optional[bool] = None, threshold: int = 0):
+def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
+                 progress: bool | None = None, threshold: int = 0):
     """A progress display for a loop, by the module's rule: a tqdm bar on a terminal, log lines in
     a log, nothing when ``progress=False`` (or for at most ``threshold`` items when ``None``)."""
     n = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)

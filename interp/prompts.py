@@ -10,8 +10,9 @@ point (capture, ``Model.run``/``read``/``forward``, patching pairs, Jacobians, p
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 import torch
 
@@ -25,9 +26,9 @@ class Prompt:
     Prompt(text='Paris is in the country of', subject='Paris', ids=None)
     """
 
-    text: Optional[str]
-    subject: Optional[str] = None
-    ids: Optional[tuple[int, ...]] = None
+    text: str | None
+    subject: str | None = None
+    ids: tuple[int, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -57,7 +58,7 @@ def as_prompts(inputs: Any) -> list[Prompt]:
     return prompts
 
 
-def _token_rows(inputs: Any) -> Optional[list[list[int]]]:
+def _token_rows(inputs: Any) -> list[list[int]] | None:
     """Rows of real token ids if ``inputs`` is a token-id kind, else None."""
     mask = None
     if isinstance(inputs, Mapping) and "input_ids" in inputs:

@@ -10,9 +10,9 @@ the package: ``load_relations(lre_dir() / "factual")``.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
 
 import pandas as pd
 
@@ -30,7 +30,7 @@ class Relation:
     subjects: list[str]
     answers: list[str]
     template: str = "{}"
-    prompts_override: Optional[list[str]] = None
+    prompts_override: list[str] | None = None
     properties: dict = field(default_factory=dict)
 
     def __post_init__(self):

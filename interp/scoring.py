@@ -41,8 +41,9 @@ is a rare one). Both are proxies; the world model has exact counts instead.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
@@ -83,11 +84,11 @@ class Scoring(ABC):
     #: what :meth:`frequency` measures, for reports
     frequency_source: str
 
-    def __init__(self, model: "Model"):
+    def __init__(self, model: Model):
         self.model = model
 
     @property
-    def answers_undefined(self) -> Optional[str]:
+    def answers_undefined(self) -> str | None:
         """Why the pretrained model's own answers cannot be read through this scoring, or None."""
         return None
 
@@ -114,7 +115,7 @@ class Scoring(ABC):
         """A proxy of how frequent ``text`` is in the model's training data (higher: more frequent)."""
 
 
-def scoring_for(model: "Model") -> Scoring:
+def scoring_for(model: Model) -> Scoring:
     """The objective for ``model``: masked slot for encoders, continuation otherwise."""
     return MaskedSlot(model) if model.model_type in ENCODER_TYPES else Continuation(model)
 
@@ -191,7 +192,7 @@ def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[
     return out
 
 
-def candidate_logprobs(model: "Model", prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+def candidate_logprobs(model: Model, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
                        ) -> Float[Tensor, "prompt candidate"]:
     """``model.scoring.logprobs(...)``: each candidate's log-probability after each prompt."""
     return model.scoring.logprobs(prompts, candidates, batch_size)
@@ -202,7 +203,7 @@ class MaskedSlot(Scoring):
     kind = "masked"
     frequency_source = "proxy: minus word pieces per word of the subject (tokenizer vocabularies keep frequent strings whole)"
 
-    def __init__(self, model: "Model"):
+    def __init__(self, model: Model):
         super().__init__(model)
         tok = model.tokenizer
         if tok is None or tok.mask_token_id is None:
@@ -211,7 +212,7 @@ class MaskedSlot(Scoring):
         self.mask_token, self.mask_id = tok.mask_token, tok.mask_token_id
 
     @property
-    def answers_undefined(self) -> Optional[str]:
+    def answers_undefined(self) -> str | None:
         return (f"{self.model.model_type} is an encoder scored through a read-out tied to its input embeddings, which "
                 "only fine-tuning trains to answer; the pretrained model has no answer to read (no LM head is used)")
 

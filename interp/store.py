@@ -14,8 +14,8 @@ it (same key) continues with the first missing one. Shards are read back memory-
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import torch
 from safetensors import safe_open
@@ -35,7 +35,7 @@ class ActivationStore:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self.manifest: Optional[dict] = None
+        self.manifest: dict | None = None
         if (self.root / MANIFEST).exists():
             self.manifest = json.loads((self.root / MANIFEST).read_text())
 
@@ -109,7 +109,7 @@ class ActivationStore:
         return self.manifest is not None and not self.missing_shards()
 
     # reading -----------------------------------------------------------------------------------
-    def shard(self, index: int, sites: Optional[Sequence[str]] = None) -> dict[str, torch.Tensor]:
+    def shard(self, index: int, sites: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
         """One shard's tensors, memory-mapped from disk."""
         entry = self._require()["shards"].get(str(index))
         if entry is None:
@@ -118,7 +118,7 @@ class ActivationStore:
             names = list(f.keys()) if sites is None else list(sites)
             return {name: f.get_tensor(name) for name in names}
 
-    def iter_shards(self, sites: Optional[Sequence[str]] = None) -> Iterator[dict[str, torch.Tensor]]:
+    def iter_shards(self, sites: Sequence[str] | None = None) -> Iterator[dict[str, torch.Tensor]]:
         for i in range(self.n_shards):
             yield self.shard(i, sites)
 

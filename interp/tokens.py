@@ -14,14 +14,14 @@ Position specs (``positions=``):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 import torch
 
 from .prompts import Prompt
 
-PositionSpec = Union[str, int, Sequence[int]]
+PositionSpec = str | int | Sequence[int]
 NAMED_POSITIONS = ("last", "subject_last", "subject_first", "all")
 
 

@@ -20,7 +20,6 @@ any backend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from jaxtyping import Float, Int
@@ -46,10 +45,10 @@ class LoraSpec:
 
     r: int = 8
     alpha: int = 16
-    targets: Optional[tuple[str, ...]] = None
+    targets: tuple[str, ...] | None = None
 
 
-def lora_targets(model_type: Optional[str]) -> list[str]:
+def lora_targets(model_type: str | None) -> list[str]:
     """The linear layers LoRA adapts for ``model_type`` (raises with the known ones)."""
     if model_type not in LORA_TARGETS:
         raise ValueError(f"no LoRA target modules known for model_type={model_type!r} (known: "
@@ -58,7 +57,7 @@ def lora_targets(model_type: Optional[str]) -> list[str]:
     return LORA_TARGETS[model_type]
 
 
-def add_lora(module: torch.nn.Module, spec: LoraSpec, model_type: Optional[str]) -> torch.nn.Module:
+def add_lora(module: torch.nn.Module, spec: LoraSpec, model_type: str | None) -> torch.nn.Module:
     """Adapters injected in place into ``module`` (whose own weights are then frozen)."""
     from peft import LoraConfig, inject_adapter_in_model  # imported when first used: peft is slow to import
 

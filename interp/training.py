@@ -19,7 +19,7 @@ keeps the current one. A row gets the step first and the wall-clock ``seconds`` 
 from __future__ import annotations
 
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -36,8 +36,8 @@ def seed_torch(value: int) -> None:
 class TrainingLoop:
     """Iterate over ``steps`` training steps with a progress bar, a thread setting and a log."""
 
-    def __init__(self, steps: int, *, desc: str = "train", threads: Optional[int] = None,
-                 progress: Optional[bool] = None, log_every: int = 50):
+    def __init__(self, steps: int, *, desc: str = "train", threads: int | None = None,
+                 progress: bool | None = None, log_every: int = 50):
         self.steps = steps
         self.desc = desc
         self.threads = threads
@@ -79,7 +79,7 @@ class TrainingLoop:
         return time.time() - self._start
 
     @staticmethod
-    def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, clip: Optional[float] = None,
+    def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, clip: float | None = None,
                  params=None) -> None:
         """``zero_grad``, ``backward``, optional gradient-norm clipping of ``params``, ``step``."""
         optimizer.zero_grad(set_to_none=True)

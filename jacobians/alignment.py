@@ -17,8 +17,6 @@ grokking up. Measures, per example:
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 import torch
 from jaxtyping import Float
@@ -71,7 +69,7 @@ def centroid_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logit
 
 
 def jacobian_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
-                       of_position="last", batch_size: int = 16, x: Optional[Tensor] = None) -> pd.DataFrame:
+                       of_position="last", batch_size: int = 16, x: Tensor | None = None) -> pd.DataFrame:
     """All alignment measures per prompt, from full per-example Jacobians."""
     _check_order(model, wrt, of)
     frames = []

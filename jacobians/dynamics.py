@@ -13,7 +13,7 @@ draws every measure against the step, with train/test accuracy (if tracked) on t
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional
+from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,7 +23,7 @@ from interp.progress import progress_bar
 
 
 def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Callable],
-          progress: Optional[bool] = None) -> pd.DataFrame:
+          progress: bool | None = None) -> pd.DataFrame:
     """Run every analyzer on every checkpoint; one row per (step, measure)."""
     if not analyzers:
         raise ValueError("no analyzers given: pass a dict name -> function(checkpoint)")
@@ -39,7 +39,7 @@ def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Cal
     return pd.DataFrame(rows)
 
 
-def trajectory_plot(df: pd.DataFrame, measures: Optional[list[str]] = None, title: str = "training dynamics",
+def trajectory_plot(df: pd.DataFrame, measures: list[str] | None = None, title: str = "training dynamics",
                     size: str = "two-column") -> go.Figure:
     """Each measure against the step (accuracies dashed)."""
     for col in ("step", "measure", "value"):

@@ -17,7 +17,7 @@ the output must come after the input in the forward pass (else: :class:`Jacobian
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from jaxtyping import Float
@@ -64,7 +64,7 @@ def batches(model, prompts, batch_size: int, wrt_position, of_position):
 
 
 def forward_with_input(model, batch: Batch, wrt: str, of: str, wrt_pos: Tensor, of_pos: Tensor,
-                       x: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                       x: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Run with the input site's value at ``wrt_pos`` taken from leaf ``x`` (default: its own value,
     detached); returns ``(x [batch, d_in], y [batch, d_out])`` connected by autograd."""
     rows = torch.arange(len(wrt_pos))
@@ -130,7 +130,7 @@ def jacobian_of(y: Float[Tensor, "batch d_out"], x: Float[Tensor, "batch d_in"],
     return torch.stack(rows, dim=1)
 
 
-def vjp(model, prompts, cotangent: Optional[Tensor] = None, wrt: str = "hook_embed", of: str = "logits",
+def vjp(model, prompts, cotangent: Tensor | None = None, wrt: str = "hook_embed", of: str = "logits",
         wrt_position="last", of_position="last", batch_size: int = 32) -> tuple[Tensor, Tensor]:
     """``(x, J^T v)`` per example with one backward pass; ``v`` defaults to all ones (the
     GrokAlign centroid ``mu_x = J_x^T 1``)."""

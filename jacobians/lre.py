@@ -21,8 +21,8 @@ of ``W``. Two tests of the approximation:
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import pandas as pd
 import torch
@@ -41,10 +41,10 @@ class LRE:
     """A fitted operator ``z = beta * W s + b`` (``W`` optionally truncated to ``rank``)."""
 
     W: Float[Tensor, "d_out d_in"]
-    b: Float[Tensor, "d_out"]
+    b: Float[Tensor, " d_out"]
     layer: int
     beta: float = 1.0
-    rank: Optional[int] = None
+    rank: int | None = None
 
     @property
     def weight(self) -> Tensor:
@@ -56,7 +56,7 @@ class LRE:
     def __call__(self, s: Float[Tensor, "n d_in"]) -> Float[Tensor, "n d_out"]:
         return self.beta * s @ self.weight.T + self.b
 
-    def inverse_edit(self, dz: Float[Tensor, "n d_out"], rank: Optional[int] = None) -> Tensor:
+    def inverse_edit(self, dz: Float[Tensor, "n d_out"], rank: int | None = None) -> Tensor:
         """``ds`` with ``beta * W ds = dz`` in the least-squares sense (rank-limited pseudo-inverse)."""
         u, s, vh = torch.linalg.svd(self.W)
         k = rank or len(s)
@@ -89,8 +89,8 @@ class LinearRelationalEmbedding:
     causality_rank : rank of the pseudo-inverse used for edits (None: full)
     """
 
-    def __init__(self, model, layer: int, beta: float = 1.0, rank: Optional[int] = None, n_train: int = 5,
-                 icl: bool = True, causality_rank: Optional[int] = None, batch_size: int = 16):
+    def __init__(self, model, layer: int, beta: float = 1.0, rank: int | None = None, n_train: int = 5,
+                 icl: bool = True, causality_rank: int | None = None, batch_size: int = 16):
         self.model, self.layer, self.beta, self.rank = model, layer, beta, rank
         self.n_train, self.icl, self.causality_rank, self.batch_size = n_train, icl, causality_rank, batch_size
 
@@ -126,7 +126,7 @@ class LinearRelationalEmbedding:
             yield batch, spos, lpos
 
     # fitting ------------------------------------------------------------------------------------
-    def fit(self, relation, train: Sequence[int]) -> "LinearRelationalEmbedding":
+    def fit(self, relation, train: Sequence[int]) -> LinearRelationalEmbedding:
         """Estimate the LRE from the subjects ``train`` of ``relation``: the fitted operator is
         ``lre_`` (an :class:`LRE`); returns ``self``."""
         self._validate()
@@ -156,7 +156,7 @@ class LinearRelationalEmbedding:
         logits = self.model.run(batch, {self.o_site_: put})
         return logits[rows, lpos]
 
-    def evaluate(self, relation, train: Sequence[int], test: Sequence[int], lre: Optional[LRE] = None,
+    def evaluate(self, relation, train: Sequence[int], test: Sequence[int], lre: LRE | None = None,
                  seed: int = 0) -> pd.DataFrame:
         """One row per test subject: model's and LRE's top tokens, faithfulness and causality."""
         self._validate()
@@ -201,8 +201,8 @@ class LinearRelationalEmbedding:
             rows[k]["causal"] = f
         return pd.DataFrame(rows)
 
-    def _edit_and_check(self, prompts, s_all, z_all, targets, answers, lre: LRE) -> list[Optional[bool]]:
-        out: list[Optional[bool]] = []
+    def _edit_and_check(self, prompts, s_all, z_all, targets, answers, lre: LRE) -> list[bool | None]:
+        out: list[bool | None] = []
         pos = 0
         for batch, spos, lpos in self._states(prompts):
             n = len(lpos)
@@ -221,7 +221,7 @@ class LinearRelationalEmbedding:
             with torch.no_grad():
                 logits = self.model.run(batch, {self.s_site_: edit})
             top = logits[r, lpos].argmax(-1).tolist()
-            for k, t, tok in zip(idx, tgt, top):
+            for _k, t, tok in zip(idx, tgt, top):
                 out.append(None if t is None else tok == self._first_token(answers[t]))
         return out
 

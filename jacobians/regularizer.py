@@ -20,7 +20,6 @@ attention kernel has none, so compute attention by the math path
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from jaxtyping import Float
@@ -29,7 +28,7 @@ Tensor = torch.Tensor
 
 
 def projected_norm_sq(outputs: Float[Tensor, "batch C"], inputs: Tensor, n_proj: int = 1,
-                      generator: Optional[torch.Generator] = None, create_graph: bool = True) -> Float[Tensor, "batch"]:
+                      generator: torch.Generator | None = None, create_graph: bool = True) -> Float[Tensor, " batch"]:
     """Unbiased estimate of ``||J||_F^2`` per example: ``C ||v^T J||^2`` averaged over ``n_proj`` draws."""
     if outputs.dim() != 2:
         raise ValueError(f"outputs must be [batch, C] (e.g. last-position logits), got shape {tuple(outputs.shape)}")
@@ -53,7 +52,7 @@ class GrokAlignRegularizer:
     n_proj: int = 1
     squared: bool = False  # penalize the (unbiased) squared norm instead of the norm
 
-    def __call__(self, outputs: Tensor, inputs: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    def __call__(self, outputs: Tensor, inputs: Tensor, generator: torch.Generator | None = None) -> Tensor:
         sq = projected_norm_sq(outputs, inputs, self.n_proj, generator)
         per = sq if self.squared else sq.clamp_min(1e-12).sqrt()
         return self.lam * per.mean()

@@ -27,7 +27,6 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 import transformers
 import typer
@@ -37,13 +36,12 @@ from circuits.figures import write_figures
 from interp.plots import export
 from interp.results import save_table, write_table
 from jacobians.dynamics import from_log, trajectory_plot
+from lab.experiments.circuit_findings import write_circuit_findings
 from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
 from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
-from lab.experiments.circuit_findings import write_circuit_findings
 from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
 from lab.figures import regenerate
 from lab.study import StudyConfigError, run_study
-from lab.study.run import default_config
 from lab.study.ablation import ablate
 from lab.study.causal import causal_test
 from lab.study.findings import write_findings
@@ -51,6 +49,7 @@ from lab.study.interventions import InterventionConfig, Interventions
 from lab.study.interventions import section as intervention_section
 from lab.study.predictors import compare_predictors
 from lab.study.report import write_report
+from lab.study.run import default_config
 from lab.study.summary import calibrate_folder
 from lab.world import default_spec, from_world, load_world, train_world_model
 from lab.world.report import knowledge_report, readability
@@ -109,9 +108,9 @@ def study(
     out: Path = typer.Option(Path("results/study"), help="results folder (resumed if it exists)"),
     model: str = typer.Option("world", help="'world' (or a world checkpoint), 'minilm', or any model spec: a directory or hub "
                               "name (studied on the shipped LRE relations that qualify, unless --relations)"),
-    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs (other models)"),
+    relations: list[str] | None = typer.Option(None, help="relation names (world) or relation JSON files/dirs (other models)"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
-    n_finetune: Optional[int] = typer.Option(None, help="fixed fine-tuning subjects per answer (default: a per-relation "
+    n_finetune: int | None = typer.Option(None, help="fixed fine-tuning subjects per answer (default: a per-relation "
                                              "budget drawn independently of the number of answers)"),
     methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
     quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
@@ -129,7 +128,7 @@ def study(
         result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
     except StudyConfigError as err:
         typer.echo(str(err), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from err
     s = result.summary
     nan2 = [float("nan")] * 2
     p = s["headline"].get("pearson", {})
@@ -156,12 +155,12 @@ def study(
 @study_app.command("findings")
 def study_findings(
     study: Path = typer.Option(Path("results/study"), help="a finished study's results folder"),
-    causal: Optional[Path] = typer.Option(None, help="a finished causal test's folder (optional)"),
-    world: Optional[Path] = typer.Option(None, help="a saved `interp world report --out FILE` table (optional)"),
-    ablation: Optional[Path] = typer.Option(None, help="a finished `interp world ablate` folder (optional)"),
-    real: Optional[Path] = typer.Option(None, help="a finished study on a pretrained model, e.g. `interp study --model minilm` "
+    causal: Path | None = typer.Option(None, help="a finished causal test's folder (optional)"),
+    world: Path | None = typer.Option(None, help="a saved `interp world report --out FILE` table (optional)"),
+    ablation: Path | None = typer.Option(None, help="a finished `interp world ablate` folder (optional)"),
+    real: Path | None = typer.Option(None, help="a finished study on a pretrained model, e.g. `interp study --model minilm` "
                                         "(optional)"),
-    interventions: Optional[Path] = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
+    interventions: Path | None = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
     """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model tables."""
@@ -171,7 +170,7 @@ def study_findings(
 @study_app.command("null")
 def study_null(
     out: Path = typer.Argument(..., help="a finished study's results folder"),
-    n_sim: Optional[int] = typer.Option(None, help="simulated studies (default: the study's n_null)"),
+    n_sim: int | None = typer.Option(None, help="simulated studies (default: the study's n_null)"),
 ):
     """Null calibration: false-positive rate of every statistic on simulated studies with no
     generalization beyond chance (same relations, test sizes, readability, label preferences)."""
@@ -202,7 +201,7 @@ def study_figures(out: Path = typer.Argument(..., help="a finished study's resul
 def study_causal(
     out: Path = typer.Option(Path("results/causal"), help="results folder (resumed if it exists)"),
     steps: int = typer.Option(TrainConfig.steps, help="pretraining steps for each world"),
-    relations: Optional[list[str]] = typer.Option(None, help="relations to manipulate (default: the augmented ones)"),
+    relations: list[str] | None = typer.Option(None, help="relations to manipulate (default: the augmented ones)"),
     retrain: bool = typer.Option(False, help="pretrain both worlds even where a shipped checkpoint is the same world"),
 ):
     """Two worlds, augmented vs plain writing of some relations: compare readability and generalization.
@@ -217,7 +216,7 @@ def study_causal(
 def study_interventions(
     out: Path = typer.Option(Path("results/interventions"), help="results folder (resumed if it exists)"),
     model: str = typer.Option("world", help="'world', 'minilm', or any model spec (as `interp study --model`)"),
-    relations: Optional[list[str]] = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
+    relations: list[str] | None = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     method: str = typer.Option("full", help="fine-tuning method of every arm: full or lora"),
     n_random: int = typer.Option(InterventionConfig.n_random, help="random-subspace erasures and random steering directions per relation"),
@@ -232,7 +231,7 @@ def study_interventions(
         Interventions(model, relations or None, out, cfg, backend=backend).run()
     except StudyConfigError as err:
         typer.echo(str(err), err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from err
     typer.echo(intervention_section(out))
     typer.echo(f"report: {out / 'interventions.html'}")
 
@@ -251,8 +250,8 @@ def world_train(
 
 @world_app.command("report")
 def world_report(
-    model: Optional[Path] = typer.Option(None, help="checkpoint directory (default: the embedded model)"),
-    out: Optional[Path] = typer.Option(None, help="write the table as CSV here"),
+    model: Path | None = typer.Option(None, help="checkpoint directory (default: the embedded model)"),
+    out: Path | None = typer.Option(None, help="write the table as CSV here"),
 ):
     """Recall and best-layer readability per relation."""
     m = interp.load_model(str(model) if model else "world", backend=interp.DEFAULT_BACKEND)
@@ -268,7 +267,7 @@ def world_report(
 def world_ablate(
     out: Path = typer.Option(Path("results/ablation"), help="results folder (resumed if it exists)"),
     steps: int = typer.Option(1500, help="pretraining steps of every world variant (the baseline row too)"),
-    only: Optional[list[str]] = typer.Option(None, help="run only these variants (by name; the baseline always runs)"),
+    only: list[str] | None = typer.Option(None, help="run only these variants (by name; the baseline always runs)"),
 ):
     """Which ingredient makes knowledge active? Train variants of the recipe, one factor each, and
     measure recall, readability and generalization with a reduced study (about an hour on 2 cores
@@ -331,7 +330,7 @@ def circuits_relation(
 @circuits_app.command("findings")
 def circuits_findings(
     induction: Path = typer.Option(Path("results/induction"), help="an `interp circuits induction` results folder"),
-    relation: Optional[Path] = typer.Option(Path("results/relation_circuit"),
+    relation: Path | None = typer.Option(Path("results/relation_circuit"),
                                             help="an `interp circuits relation` results folder (skipped if absent)"),
     out: Path = typer.Option(Path("docs/circuit_findings.md"), help="the page to write"),
 ):
@@ -362,8 +361,8 @@ def jacobians_grok(
     out: Path = typer.Option(Path("results/grokking"), help="results folder (finished runs are reused)"),
     seeds: int = typer.Option(3, help="seeds per condition"),
     lam: float = typer.Option(1e-3, help="GrokAlign lambda"),
-    p: Optional[int] = typer.Option(None, help="modulus (default: the CPU configuration's)"),
-    steps: Optional[int] = typer.Option(None, help="maximum steps per run"),
+    p: int | None = typer.Option(None, help="modulus (default: the CPU configuration's)"),
+    steps: int | None = typer.Option(None, help="maximum steps per run"),
     workers: int = typer.Option(2, help="trainings run at once (processes, one thread each)"),
 ):
     """Steps to grok modular addition with weight decay alone and with the GrokAlign regularizer."""
@@ -387,7 +386,7 @@ def jacobians_grok(
 @study_app.command("predictors")
 def study_predictors(
     out: Path = typer.Argument(..., help="a finished study's results folder (world model)"),
-    layer: Optional[int] = typer.Option(None, help="LRE subject layer (default: n_layers // 2 - 1)"),
+    layer: int | None = typer.Option(None, help="LRE subject layer (default: n_layers // 2 - 1)"),
     beta: float = typer.Option(1.0, help="LRE beta"),
 ):
     """LRE faithfulness/causality and Jacobian alignment per relation, correlated with generalization."""

@@ -24,7 +24,8 @@ differ in the last digits. Jobs that fail are collected and reported together
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -43,18 +44,18 @@ class JobsFailedError(RuntimeError):
 class Executor(ABC):
     name: str = "executor"
     #: torch threads per job (None: the executor's default, see the module docstring)
-    threads: Optional[int] = None
+    threads: int | None = None
 
     @abstractmethod
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], on_result: Optional[Callable[[int, Any], None]] = None,
-            labels: Optional[Sequence[str]] = None, desc: str = "jobs") -> list:
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
+            labels: Sequence[str] | None = None, desc: str = "jobs") -> list:
         """``fn`` on every item; ``on_result(index, result)`` as each finishes; results in item order."""
 
 
 class SerialExecutor(Executor):
     name = "serial"
 
-    def __init__(self, progress: Optional[bool] = None, threads: Optional[int] = None):
+    def __init__(self, progress: bool | None = None, threads: int | None = None):
         self.progress = progress
         self.threads = threads
 
@@ -91,9 +92,9 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, address: Optional[str] = None, num_cpus: float = 1, num_gpus: Optional[float] = None,
-                 max_retries: int = 3, init_kwargs: Optional[dict] = None, runtime_env: Optional[dict] = None,
-                 threads: Optional[int] = None, progress: Optional[bool] = None):
+    def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float | None = None,
+                 max_retries: int = 3, init_kwargs: dict | None = None, runtime_env: dict | None = None,
+                 threads: int | None = None, progress: bool | None = None):
         self.address, self.num_cpus, self.num_gpus = address, num_cpus, num_gpus
         self.threads = threads
         self.max_retries, self.init_kwargs, self.runtime_env = max_retries, dict(init_kwargs or {}), runtime_env
@@ -142,7 +143,7 @@ class RayExecutor(Executor):
         return results
 
 
-def _call_with_threads(fn, item, threads: Optional[int]):
+def _call_with_threads(fn, item, threads: int | None):
     """``fn(item)`` with ``threads`` torch threads (None: as they are), restored afterwards."""
     before = torch.get_num_threads()
     if threads is not None:

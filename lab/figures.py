@@ -14,8 +14,8 @@ restyled or re-exported without rerunning anything. :func:`regenerate` walks a r
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 

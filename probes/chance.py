@@ -27,7 +27,7 @@ It equals :func:`sklearn.metrics.cohen_kappa_score` (tested).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

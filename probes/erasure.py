@@ -19,8 +19,8 @@ fine-tuning subjects only (no held-out subject informs the eraser).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ class Eraser:
 
     left: Float[Tensor, "d r"]
     right: Float[Tensor, "d r"]
-    bias: Float[Tensor, "d"]
+    bias: Float[Tensor, " d"]
     kind: str
 
     @property

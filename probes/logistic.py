@@ -39,7 +39,6 @@ that, so binary probes match scikit-learn as well.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -62,8 +61,8 @@ class LogisticFit:
 def fit_logistic(
     X: Float[Tensor, "G n d"],
     y: Int[Tensor, "G K n"] | Int[Tensor, "K n"],
-    train: Optional[Bool[Tensor, "G K n"]] = None,
-    n_classes: Optional[Int[Tensor, "G K"]] = None,
+    train: Bool[Tensor, "G K n"] | None = None,
+    n_classes: Int[Tensor, "G K"] | None = None,
     C: float = 1.0,
     max_iter: int = 1000,
     tol: float = 1e-5,
@@ -182,7 +181,7 @@ def fit_logistic(
         for hist in (S, Yh, rho):
             hist[:] = [h[keep] for h in hist]
 
-    for it in range(max_iter):
+    for _it in range(max_iter):
         busy = active.any(-1)
         if not busy.any():
             break

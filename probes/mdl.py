@@ -18,7 +18,7 @@ strength, as scikit-learn's), all blocks fitted at once by :func:`probes.logisti
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

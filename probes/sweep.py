@@ -26,8 +26,8 @@ the probe's ranked answers from the fold in which that subject was held out.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -84,7 +84,7 @@ class ProbeSweep:
 
     def __init__(
         self,
-        sites: Optional[Sequence[str]] = None,
+        sites: Sequence[str] | None = None,
         folds: int = 5,
         seeds: Sequence[int] = (0,),
         C: float = 1.0,
@@ -98,10 +98,10 @@ class ProbeSweep:
         max_iter: int = 1000,
         max_elements: int = 40_000_000,
         standardize: bool = True,
-        sites_per_pass: Optional[int] = None,
+        sites_per_pass: int | None = None,
         readout: bool = True,
-        progress: Optional[bool] = None,
-        readout_k: Optional[int] = None,
+        progress: bool | None = None,
+        readout_k: int | None = None,
         mdl: bool = False,
     ):
         self.mdl = mdl
@@ -125,7 +125,7 @@ class ProbeSweep:
         self.progress = progress
 
     # ------------------------------------------------------------------------------------------
-    def run(self, source, relations: Sequence[Relation], model_name: Optional[str] = None) -> pd.DataFrame:
+    def run(self, source, relations: Sequence[Relation], model_name: str | None = None) -> pd.DataFrame:
         """Sweep ``relations`` over sites. ``source``: a :class:`~interp.Model` (activations are
         captured) or a mapping ``relation name -> {site: [n_samples, d] tensor}`` (stored
         activations, rows in the relation's sample order)."""
@@ -270,7 +270,7 @@ class ProbeSweep:
             T = torch.zeros(len(part), K, n, dtype=torch.bool)
             NC = torch.zeros(len(part), K, dtype=torch.long)
             metas = []
-            for g, (p, s, x) in enumerate(part):
+            for g, (p, _s, x) in enumerate(part):
                 m = len(p.keep)
                 X[g, :m] = x.reshape(m, -1).to(self.dtype)
                 ys, trains, meta = self._tasks(p)
@@ -352,6 +352,6 @@ def _class_balanced(y: np.ndarray, probs: np.ndarray, c: int) -> dict:
     return out
 
 
-def sweep(source, relations: Sequence[Relation], model_name: Optional[str] = None, **config) -> pd.DataFrame:
+def sweep(source, relations: Sequence[Relation], model_name: str | None = None, **config) -> pd.DataFrame:
     """Shortcut: ``ProbeSweep(**config).run(source, relations, model_name)``."""
     return ProbeSweep(**config).run(source, relations, model_name)

@@ -126,8 +126,8 @@ def test_trainable_copies_train_through_either_backend(model_dirs, backend, lora
 
 
 def test_a_transformer_lens_native_model_fine_tunes(model_dirs):
-    from transformer_lens.config import TransformerBridgeConfig
     from tiny_models import word_tokenizer
+    from transformer_lens.config import TransformerBridgeConfig
 
     from lab.study import FinetuneConfig, finetune
 

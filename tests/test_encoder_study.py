@@ -1,6 +1,5 @@
 """The study on an encoder: masked-slot scoring with a tied read-out, LoRA targets, LRE
 qualification, missing covariates, and the whole pipeline on a tiny random BERT (resumable)."""
-import json
 from collections import Counter
 
 import pandas as pd

@@ -5,6 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import SMALL_STUDY as SMALL
+from conftest import STUDY_RELATIONS as RELATIONS
 from scipy import stats as sps
 
 from interp.relations import Relation, RelationError
@@ -103,8 +105,6 @@ def test_multi_token_candidates_are_scored_by_their_full_sequence(model_dirs, ba
 
 
 # end to end ---------------------------------------------------------------------------------------
-from conftest import SMALL_STUDY as SMALL
-from conftest import STUDY_RELATIONS as RELATIONS
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def _null_design(n_rel=16, seed=0) -> NullDesign:
     """Relations like the world's: 2 to 30 answers, imbalanced, readability higher with fewer answers."""
     rng = np.random.default_rng(seed)
     truth, shares, read, read_k, rows = [], [], [], [], []
-    for j in range(n_rel):
+    for _j in range(n_rel):
         n = int(rng.integers(2, 31))
         p = rng.dirichlet(np.full(n, 3.0))
         t = rng.choice(n, size=int(rng.integers(150, 900)), p=p)

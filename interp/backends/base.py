@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -21,7 +22,7 @@ from ..sites import site_name
 from ..trainable import LoraSpec
 
 Tensor = torch.Tensor
-HookFn = Callable[[Tensor], Optional[Tensor]]
+HookFn = Callable[[Tensor], Tensor | None]
 
 
 class Backend(ABC):
@@ -48,12 +49,12 @@ class Backend(ABC):
 
     @classmethod
     @abstractmethod
-    def load(cls, spec, tokenizer=None, device=None, dtype=None) -> tuple["Backend", object, str]:
+    def load(cls, spec, tokenizer=None, device=None, dtype=None) -> tuple[Backend, object, str]:
         """``(backend, tokenizer, default name)`` for an in-memory object :meth:`accepts`."""
 
     @classmethod
     @abstractmethod
-    def load_directory(cls, path, tokenizer=None, device=None, dtype=None) -> tuple["Backend", object]:
+    def load_directory(cls, path, tokenizer=None, device=None, dtype=None) -> tuple[Backend, object]:
         """``(backend, tokenizer)`` for a local HuggingFace model directory."""
 
     @property
@@ -70,9 +71,9 @@ class Backend(ABC):
     def run(
         self,
         input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
-        position_ids: Optional[Int[Tensor, "batch pos"]] = None,
-        hooks: Optional[Mapping[str, HookFn]] = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
+        hooks: Mapping[str, HookFn] | None = None,
     ) -> Float[Tensor, "batch pos vocab"]:
         """Forward pass with ``hooks`` attached; returns the logits (or, for a model with no
         head, the last hidden states)."""
@@ -80,8 +81,8 @@ class Backend(ABC):
     def forward(
         self,
         input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
-        position_ids: Optional[Int[Tensor, "batch pos"]] = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
     ) -> Float[Tensor, "batch pos vocab"]:
         """The forward pass without hooks, differentiable (training runs through it)."""
         return self.run(input_ids, attention_mask, position_ids, None)
@@ -89,8 +90,8 @@ class Backend(ABC):
     def final_hidden(
         self,
         input_ids: Int[Tensor, "batch pos"],
-        attention_mask: Optional[Int[Tensor, "batch pos"]] = None,
-        position_ids: Optional[Int[Tensor, "batch pos"]] = None,
+        attention_mask: Int[Tensor, "batch pos"] | None = None,
+        position_ids: Int[Tensor, "batch pos"] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """The last block's residual output, differentiable: read at its site during a forward pass."""
         out = {}
@@ -107,22 +108,22 @@ class Backend(ABC):
         return self._require_hf("input_embeddings").get_input_embeddings().weight
 
     @abstractmethod
-    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "Backend":
+    def trainable_copy(self, lora: LoraSpec | None = None, freeze_embeddings: bool = False) -> Backend:
         """A backend of the same kind over a deep copy of the weights, trainable in full (the
         embedding tables frozen if asked) or through LoRA adapters (see :mod:`interp.trainable`)."""
 
     @property
-    def model_type(self) -> Optional[str]:
+    def model_type(self) -> str | None:
         """The HuggingFace ``model_type`` (``"gpt2"``, ``"llama"``, ...), when there is one."""
         return getattr(getattr(self.hf_model, "config", None), "model_type", None)
 
     @property
-    def hf_model(self) -> Optional[torch.nn.Module]:
+    def hf_model(self) -> torch.nn.Module | None:
         """The HuggingFace model holding the weights, when there is one."""
         return None
 
     @property
-    def source_module(self) -> Optional[torch.nn.Module]:
+    def source_module(self) -> torch.nn.Module | None:
         """The HuggingFace model as the user gave it, never modified by this backend (what another
         backend wraps when the same handle is loaded again through it); None if there is none."""
         return self.hf_model
@@ -148,7 +149,7 @@ class Backend(ABC):
         return w.reshape(self.n_heads, self.d_head, -1)
 
     @torch.no_grad()
-    def attention_pattern(self, input_ids: Tensor, attention_mask: Optional[Tensor], layer: int
+    def attention_pattern(self, input_ids: Tensor, attention_mask: Tensor | None, layer: int
                           ) -> Float[Tensor, "batch head query key"]:
         """Attention probabilities at ``layer`` from the model's own (eager) attention."""
         hf = self._require_hf("attention_pattern")

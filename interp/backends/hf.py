@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -22,7 +21,7 @@ def tokenizer_of(path: str | Path, tokenizer=None):
     return tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
 
 
-def hf_from_directory(path: str | Path, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
+def hf_from_directory(path: str | Path, dtype: torch.dtype | None = None) -> torch.nn.Module:
     """The model class its ``config.json`` names (else the causal-LM or base auto class), eager
     attention (so attention patterns can be read), float32 unless ``dtype`` says otherwise."""
     import transformers

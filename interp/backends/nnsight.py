@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Optional
 
 import torch
 
@@ -92,7 +92,7 @@ class NNsightBackend(Backend):
     def module(self) -> torch.nn.Module:
         return self.hf_model
 
-    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "NNsightBackend":
+    def trainable_copy(self, lora: LoraSpec | None = None, freeze_embeddings: bool = False) -> NNsightBackend:
         if self.remote:
             raise ValueError("a remote (NDIF) model cannot be fine-tuned here; load its weights locally")
         hf = copy.deepcopy(self._hf_model)
@@ -138,9 +138,9 @@ class NNsightBackend(Backend):
     def run(
         self,
         input_ids: Tensor,
-        attention_mask: Optional[Tensor] = None,
-        position_ids: Optional[Tensor] = None,
-        hooks: Optional[Mapping[str, HookFn]] = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        hooks: Mapping[str, HookFn] | None = None,
     ) -> Tensor:
         kwargs = {"input_ids": input_ids}
         if attention_mask is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 
@@ -81,7 +81,7 @@ class TransformerLensBackend(Backend):
         return getattr(self.bridge, "original_model", None)
 
     @property
-    def model_type(self) -> Optional[str]:
+    def model_type(self) -> str | None:
         return self._model_type
 
     @property
@@ -90,7 +90,7 @@ class TransformerLensBackend(Backend):
         for a bridge from a directory (reload it from there) or a native one."""
         return getattr(self, "_source_module", None)
 
-    def trainable_copy(self, lora: Optional[LoraSpec] = None, freeze_embeddings: bool = False) -> "TransformerLensBackend":
+    def trainable_copy(self, lora: LoraSpec | None = None, freeze_embeddings: bool = False) -> TransformerLensBackend:
         bridge = copy.deepcopy(self.bridge, memo=_detached_caches(self.bridge))
         if lora is not None:
             add_lora(bridge, LoraSpec(lora.r, lora.alpha, tuple(self._lora_names(bridge, lora))), self._model_type)
@@ -144,9 +144,9 @@ class TransformerLensBackend(Backend):
     def run(
         self,
         input_ids: Tensor,
-        attention_mask: Optional[Tensor] = None,
-        position_ids: Optional[Tensor] = None,
-        hooks: Optional[Mapping[str, HookFn]] = None,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        hooks: Mapping[str, HookFn] | None = None,
     ) -> Tensor:
         fwd_hooks = [(self.hook_name(name), _as_tl_hook(fn)) for name, fn in (hooks or {}).items()]
         kwargs = {}

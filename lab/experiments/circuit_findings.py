@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
 from interp.results import load_table, write_text
 from lab.study.findings import _f, _table
+
 
 def reading(stats: pd.DataFrame, curve: pd.DataFrame) -> str:
     """How to read the numbers, with the settings the saved tables were made with."""
@@ -40,7 +40,7 @@ def reading(stats: pd.DataFrame, curve: pd.DataFrame) -> str:
 """
 
 
-def _copy_figure(src: Path, figures_to: Optional[Path], name: str) -> str:
+def _copy_figure(src: Path, figures_to: Path | None, name: str) -> str:
     if figures_to is None or not src.exists():
         return ""
     figures_to.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def _faithfulness(summary: pd.DataFrame, extra: tuple[str, ...] = ()) -> str:
     return _table(summary[[c for c in cols if c in summary]])
 
 
-def induction_section(folder: Path, figures_to: Optional[Path] = None) -> str:
+def induction_section(folder: Path, figures_to: Path | None = None) -> str:
     summary = json.loads((folder / "summary.json").read_text())
     prev = ", ".join(f"L0H{i} {v:.2f}" for i, v in enumerate(summary["previous_token_scores"]))
     ind = ", ".join(f"L1H{i} {v:.2f}" for i, v in enumerate(summary["induction_scores"]))
@@ -111,7 +111,7 @@ def _known(summary: dict) -> str:
             f"{top}.\n")
 
 
-def relation_section(folder: Path, figures_to: Optional[Path] = None) -> str:
+def relation_section(folder: Path, figures_to: Path | None = None) -> str:
     rc = load_table(folder, "relation_circuit")
     relation = rc.attrs.get("relation", "")
     lines = [f"## A relation before and after fine-tuning: `{relation}`", "",
@@ -137,7 +137,7 @@ def relation_section(folder: Path, figures_to: Optional[Path] = None) -> str:
     return "\n".join(lines)
 
 
-def write_circuit_findings(induction: str | Path, relation: Optional[str | Path] = None,
+def write_circuit_findings(induction: str | Path, relation: str | Path | None = None,
                            out: str | Path = "docs/circuit_findings.md") -> Path:
     """The findings page from an induction results folder and, optionally, a relation's."""
     out = Path(out)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 import torch
@@ -103,7 +102,7 @@ def centroid_alignment_of(model: OneLayerTransformer, tokens: torch.Tensor) -> f
     return torch.nn.functional.cosine_similarity(mu.flatten(1), x.detach().flatten(1), dim=-1).mean().item()
 
 
-def train_modular(config: ModularConfig, progress: Optional[bool] = None) -> tuple[pd.DataFrame, dict]:
+def train_modular(config: ModularConfig, progress: bool | None = None) -> tuple[pd.DataFrame, dict]:
     """Train once; returns the per-evaluation log and a summary (``grok_step``: first step with
     test accuracy >= ``target``, None if never)."""
     seed_torch(config.seed)
@@ -155,7 +154,7 @@ def _run_one(args) -> dict:
 
 
 def grokking_experiment(out: str | Path, config: ModularConfig = CPU_CONFIG, lam: float = 1e-3,
-                        seeds=(0, 1, 2), workers: int = 1, progress: Optional[bool] = None) -> pd.DataFrame:
+                        seeds=(0, 1, 2), workers: int = 1, progress: bool | None = None) -> pd.DataFrame:
     """Weight decay alone vs weight decay + GrokAlign over ``seeds``; each run saved as it finishes
     (``runs/<condition>_seed<k>.json`` + ``.csv``) and skipped when rerun. ``workers > 1`` runs that
     many trainings at once in separate processes (one torch thread each: these small models are

@@ -16,8 +16,8 @@ is ``w`` linearly readable where the model needs it?
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import pandas as pd
 import torch
@@ -114,7 +114,7 @@ def train_icl(task: SubspaceTasks, train_on: Sequence[int] | int | str, steps: i
 
 
 @torch.no_grad()
-def evaluate_icl(model: ICLTransformer, task: SubspaceTasks, sources: Optional[dict] = None, n: int = 2000,
+def evaluate_icl(model: ICLTransformer, task: SubspaceTasks, sources: dict | None = None, n: int = 2000,
                  seed: int = 123) -> pd.DataFrame:
     """Query-token MSE per test distribution, normalized by the prediction-free baseline E[y^2]."""
     sources = sources or {**{f"subspace {i}": i for i in range(task.n_subspaces)}, "span": "span", "full": "full"}

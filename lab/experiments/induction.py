@@ -24,7 +24,6 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 
@@ -101,7 +100,7 @@ def training_batch(config: InductionConfig, token_ids: torch.Tensor, generator: 
 
 
 def train_induction_model(out_dir: str | Path, config: InductionConfig = InductionConfig(),
-                          progress: Optional[bool] = None) -> Path:
+                          progress: bool | None = None) -> Path:
     """Train the attention-only induction model; save a HuggingFace directory (with ``train_log.json``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -148,7 +147,7 @@ def train_induction_model(out_dir: str | Path, config: InductionConfig = Inducti
     return out
 
 
-def induction_pairs(model, n: int = 32, half: Optional[int] = None, seed: int = 0, corruption: str = "token") -> Pairs:
+def induction_pairs(model, n: int = 32, half: int | None = None, seed: int = 0, corruption: str = "token") -> Pairs:
     """Clean and corrupted inputs for the induction circuit. Clean: ``<eos> r_1 .. r_L r_1 .. r_L``,
     a random segment of ``half`` = L tokens repeated.
 
@@ -264,7 +263,7 @@ def circuit_faithfulness(model, pairs: Pairs, circuit: set[tuple[str, str]], met
 
 
 def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5, n_random: int = 99,
-                      progress: Optional[bool] = None) -> dict:
+                      progress: bool | None = None) -> dict:
     """Activation patching and path patching (all L0 senders -> every L1 head's q/k/v), both with
     per-pair intervals and p-values; AtP, EAP and EAP-IG-inputs; and the faithfulness of the
     circuits each attribution ranks (edges and nodes, against ``n_random`` random circuits).

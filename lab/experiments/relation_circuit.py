@@ -22,11 +22,9 @@ CPR and CMD) against random circuits of the same sizes.
 from __future__ import annotations
 
 import random
-from typing import Optional
+from dataclasses import dataclass
 
 import pandas as pd
-
-from dataclasses import dataclass
 
 from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
@@ -38,7 +36,7 @@ from lab.world.vocab import LABELS
 
 
 def relation_pairs(model, prompts: list[str], answers: list[str], n: int = 32, seed: int = 0,
-                   subjects: Optional[list[str]] = None) -> Pairs:
+                   subjects: list[str] | None = None) -> Pairs:
     """``n`` (clean, corrupted) pairs from one relation: two subjects with equal token counts and
     different answers; ``answer`` = the clean subject's answer, ``wrong`` = the corrupted one's."""
     lengths = [len(e.ids) for e in model.encode(prompts)]
@@ -65,7 +63,7 @@ def relation_pairs(model, prompts: list[str], answers: list[str], n: int = 32, s
     return make_pairs(model, clean, corrupted, answer=ans, wrong=wrong)
 
 
-def component_scores(model, pairs: Pairs, progress: Optional[bool] = None) -> pd.DataFrame:
+def component_scores(model, pairs: Pairs, progress: bool | None = None) -> pd.DataFrame:
     """Every head (``z``) and MLP output patched at all positions, clean into corrupted."""
     sites = ["z", "mlp_out"] if any(s.endswith("hook_mlp_out") for s in model.sites) else ["z"]
     df = ActivationPatching(model, "logit_diff", sites=sites, by_position=False, statistics=True,
@@ -106,7 +104,7 @@ def relation_stages(model, relation, n_pairs: int = 32, category: str = "animals
 
 def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animals", method: str = "full",
                      n_finetune: int = 3, label_seed: int = 0, seed: int = 0, finetune_config=None,
-                     progress: Optional[bool] = None, stages: Optional[tuple[list[Stage], dict]] = None) -> pd.DataFrame:
+                     progress: bool | None = None, stages: tuple[list[Stage], dict] | None = None) -> pd.DataFrame:
     """Component scores for ``relation`` before and after relabelling fine-tuning.
 
     ``relation``: an :class:`interp.relations.Relation` (e.g. from ``from_world``). Returns a tidy
@@ -129,7 +127,7 @@ def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animal
 
 
 def relation_faithfulness(stages: list[Stage], ig_steps: int = 5, n_random: int = 99, seed: int = 0,
-                          progress: Optional[bool] = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                          progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Faithfulness curves (with ``stage``) and their CPR/CMD summary for EAP-IG-inputs' circuits
     on each stage, against ``n_random`` random circuits."""
     curves, summaries = [], []

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -79,7 +79,7 @@ class Variant:
         return bool(self.world or self.train)
 
 
-def default_variants(spec: Optional[WorldSpec] = None) -> list[Variant]:
+def default_variants(spec: WorldSpec | None = None) -> list[Variant]:
     """The factors the world model's recipe is made of, each switched the other way."""
     spec = spec or default_spec()
     qa = spec.qa_fraction
@@ -133,9 +133,9 @@ def _check(overrides: dict, cls, name: str, what: str) -> None:
         raise ValueError(f"variant {name!r}: unknown {what} field(s) {unknown}; valid: {', '.join(f.name for f in fields(cls))}")
 
 
-def ablate(out: str | Path, variants: Optional[Sequence[Variant]] = None, spec: Optional[WorldSpec] = None,
-           steps: int = 1500, train: TrainConfig = TrainConfig(), config: Optional[StudyConfig] = None,
-           progress: Optional[bool] = None, only: Optional[Sequence[str]] = None) -> pd.DataFrame:
+def ablate(out: str | Path, variants: Sequence[Variant] | None = None, spec: WorldSpec | None = None,
+           steps: int = 1500, train: TrainConfig = TrainConfig(), config: StudyConfig | None = None,
+           progress: bool | None = None, only: Sequence[str] | None = None) -> pd.DataFrame:
     """Train and measure every variant (resuming finished ones); returns the one-row-per-variant table.
     ``config``: the reduced study (default :func:`ablation_study_config`), which variants override.
     ``only``: run just these variants (and the baseline) now; the tables keep every finished row.

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,8 +50,8 @@ def without_augmentation(spec: WorldSpec, names: Sequence[str]) -> WorldSpec:
     return replace(spec, relations=rels).validate()
 
 
-def causal_test(out: str | Path, manipulated: Optional[Sequence[str]] = None, spec: Optional[WorldSpec] = None,
-                train: TrainConfig = TrainConfig(), config: Optional[StudyConfig] = None, progress: Optional[bool] = None,
+def causal_test(out: str | Path, manipulated: Sequence[str] | None = None, spec: WorldSpec | None = None,
+                train: TrainConfig = TrainConfig(), config: StudyConfig | None = None, progress: bool | None = None,
                 retrain: bool = False) -> pd.DataFrame:
     """Pretrain both worlds (resuming finished ones), run the study on each, compare.
 
@@ -151,7 +151,7 @@ def writing_digests(spec: WorldSpec) -> dict[str, str]:
     return World.generate(spec).relation_digests()
 
 
-def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Optional[Path]:
+def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Path | None:
     """The shipped checkpoint trained on exactly this world with exactly this recipe, if any."""
     for root in shipped_world_checkpoints():
         same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec

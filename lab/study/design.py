@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
 
 from interp.relations import Relation, RelationError
 
@@ -64,7 +63,7 @@ def finetune_budget(relation: str, low: int, high: int, seed: int) -> int:
     return random.Random(f"budget:{seed}:{relation}").randint(low, high)
 
 
-def per_answer(budget: int, n_answers: int, minimum: int = 2, cap: Optional[int] = None) -> int:
+def per_answer(budget: int, n_answers: int, minimum: int = 2, cap: int | None = None) -> int:
     """Fine-tuning subjects per answer for a budget spread evenly over ``n_answers`` answers; at
     most ``cap`` (the study passes half the relation's median subjects per answer, so that a small
     relation keeps held-out subjects for a typical answer instead of dropping it)."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -61,7 +60,7 @@ METHODS = """## How to read these numbers
 """
 
 
-def study_section(study: Path, figures_to: Optional[Path] = None, prefix: str = "study") -> str:
+def study_section(study: Path, figures_to: Path | None = None, prefix: str = "study") -> str:
     s = json.loads((study / "summary.json").read_text())
     stats = pd.read_csv(study / "stats.csv")
     rel = pd.read_csv(study / "relations.csv")
@@ -87,8 +86,8 @@ def study_section(study: Path, figures_to: Optional[Path] = None, prefix: str = 
             f"{_f(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
             f"({_f(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
             f"{_f(nc['raw_false_positive_rate'])} with no generalization at all.", ""]
-    out += [f"Mean generalization kappa: " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
-            + f" (raw accuracy " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items()) + "); mean readability "
+    out += ["Mean generalization kappa: " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
+            + " (raw accuracy " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items()) + "); mean readability "
             f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
             f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.", ""]
     missing = s.get("covariates", {}).get("missing") or {}
@@ -121,7 +120,7 @@ def study_section(study: Path, figures_to: Optional[Path] = None, prefix: str = 
     return "\n".join(out)
 
 
-def real_model_section(study: Path, figures_to: Optional[Path] = None) -> str:
+def real_model_section(study: Path, figures_to: Path | None = None) -> str:
     """The study on a pretrained model and real facts (``interp study --model minilm``): which LRE
     relations qualified and why the others did not, then the same section as the world's."""
     q = pd.read_csv(study / "qualification.csv")
@@ -145,7 +144,7 @@ def real_model_section(study: Path, figures_to: Optional[Path] = None) -> str:
     return "\n".join(out) + "\n" + section.replace("## The generalization study:", "### The generalization study:", 1)
 
 
-def interventions_section(folder: Path, figures_to: Optional[Path] = None) -> str:
+def interventions_section(folder: Path, figures_to: Path | None = None) -> str:
     """Erasure and steering (``interp study interventions``), from its saved tables."""
     t = pd.read_csv(folder / "interventions.csv")
     out = ["## Interventions: erase or steer the readable direction", "", interventions_summary(folder), ""]
@@ -214,10 +213,10 @@ def ablation_section(folder: Path) -> str:
     return "\n".join(out)
 
 
-def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal: Optional[str | Path] = None,
-                   command: str = "interp study", world: Optional[str | Path] = None,
-                   ablation: Optional[str | Path] = None, real: Optional[str | Path] = None,
-                   interventions: Optional[str | Path] = None) -> Path:
+def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal: str | Path | None = None,
+                   command: str = "interp study", world: str | Path | None = None,
+                   ablation: str | Path | None = None, real: str | Path | None = None,
+                   interventions: str | Path | None = None) -> Path:
     """Write the findings page from saved results (and copy the headline figures beside it):
     the study, and optionally the causal test, the world model's report table, the ablation and a
     study on a pretrained model (``real``: e.g. ``interp study --model minilm``'s folder), and the

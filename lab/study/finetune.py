@@ -22,8 +22,8 @@ fine-tuning is then deterministic and every seed gives the same model.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import torch
 

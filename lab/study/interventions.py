@@ -65,9 +65,9 @@ import html
 import json
 import random
 import zlib
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -215,7 +215,7 @@ def states(model: Model, prompts: Sequence[Prompt], layer: int | Sequence[int]) 
     return out if many else out[0]
 
 
-def probe_kappa(x_fit: np.ndarray, y_fit: Sequence, x_test: Optional[np.ndarray] = None, y_test: Optional[Sequence] = None,
+def probe_kappa(x_fit: np.ndarray, y_fit: Sequence, x_test: np.ndarray | None = None, y_test: Sequence | None = None,
                 folds: int = 5, seed: int = 0) -> float:
     """Kappa of a standardized logistic probe: cross-validated on ``(x_fit, y_fit)``, or trained
     there and tested on ``(x_test, y_test)``. Answers rarer than ``folds`` are left out of CV."""
@@ -277,9 +277,9 @@ class Interventions:
     the study's own for this model); ``relations`` (and ``labels`` for a real model): as
     :func:`lab.study.run_study` takes them."""
 
-    def __init__(self, model="world", relations: Optional[Sequence] = None, out: str | Path = "results/interventions",
-                 config: InterventionConfig = InterventionConfig(), study_config: Optional[StudyConfig] = None,
-                 backend: str = interp.DEFAULT_BACKEND, progress: Optional[bool] = None, labels: Optional[dict] = None):
+    def __init__(self, model="world", relations: Sequence | None = None, out: str | Path = "results/interventions",
+                 config: InterventionConfig = InterventionConfig(), study_config: StudyConfig | None = None,
+                 backend: str = interp.DEFAULT_BACKEND, progress: bool | None = None, labels: dict | None = None):
         self.out = Path(out)
         self.config = config
         self.progress = progress

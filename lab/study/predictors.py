@@ -27,8 +27,8 @@ writes ``predictors.csv`` and ``predictor_correlations.csv`` into the study fold
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -41,8 +41,8 @@ from probes import ProbeSweep
 from .stats import correlation_difference, pearson, spearman
 
 
-def relation_predictors(model, relations, layer: Optional[int] = None, beta: float = 1.0, n_test: int = 40,
-                        n_alignment: int = 64, seed: int = 0, progress: Optional[bool] = None) -> pd.DataFrame:
+def relation_predictors(model, relations, layer: int | None = None, beta: float = 1.0, n_test: int = 40,
+                        n_alignment: int = 64, seed: int = 0, progress: bool | None = None) -> pd.DataFrame:
     """One row per relation: ``lre_faithfulness``, ``lre_causality``, ``centroid_alignment``
     (subject-last token embedding -> last-position logits)."""
     layer = model.n_layers // 2 - 1 if layer is None else layer
@@ -66,7 +66,7 @@ PREDICTORS = [READABILITY, "readability_best", "selectivity_best", "auroc_best",
 
 
 def probe_quality(model, relations, best_layer: dict[str, int], folds: int = 5, C: float = 1.0,
-                  progress: Optional[bool] = None) -> pd.DataFrame:
+                  progress: bool | None = None) -> pd.DataFrame:
     """Probe quality beyond accuracy at each relation's best layer (the study's): macro AUROC and
     balanced accuracy (fold means) and the online-code compression (:mod:`probes.mdl`)."""
     table = ProbeSweep(folds=folds, C=C, mdl=True, readout=False, control=False, progress=progress).run(model, relations)
@@ -75,9 +75,9 @@ def probe_quality(model, relations, best_layer: dict[str, int], folds: int = 5, 
             .reset_index())
 
 
-def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: Optional[int] = None,
+def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: int | None = None,
                        beta: float = 1.0, outcomes: Sequence[str] = ("generalization_kappa_full", "generalization_kappa_lora"),
-                       n_boot: int = 1000, n_perm: int = 1000, progress: Optional[bool] = None) -> pd.DataFrame:
+                       n_boot: int = 1000, n_perm: int = 1000, progress: bool | None = None) -> pd.DataFrame:
     """Correlate each predictor with each outcome across a finished study's relations."""
     study_dir = Path(study_dir)
     table = pd.read_csv(study_dir / "relations.csv")

@@ -24,8 +24,8 @@ kept or left out, which the study writes as ``qualification.csv``.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 import pandas as pd
 
@@ -42,7 +42,7 @@ class QualifyRule:
     min_heldout: int = 20
 
 
-def restrict(relation: Relation, rule: QualifyRule, min_subjects: Optional[int] = None) -> Relation:
+def restrict(relation: Relation, rule: QualifyRule, min_subjects: int | None = None) -> Relation:
     """``relation`` on its distinct subjects and its qualifying answers (rules 1-2; an answer needs
     ``min_subjects`` subjects, default ``rule.min_subjects``)."""
     first: dict[str, str] = {}

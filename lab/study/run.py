@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Optional, Sequence
 
 import pandas as pd
 
@@ -20,9 +20,9 @@ from .study import Study, StudyConfig, StudyResult
 from .validate import StudyConfigError
 
 
-def run_study(model="world", relations: Optional[Sequence] = None, out: str | Path = "results/study",
-              config: Optional[StudyConfig] = None, backend: str = interp.DEFAULT_BACKEND, progress: Optional[bool] = None,
-              max_jobs: Optional[int] = None, executor=None, rule: QualifyRule = QualifyRule(), **overrides) -> StudyResult:
+def run_study(model="world", relations: Sequence | None = None, out: str | Path = "results/study",
+              config: StudyConfig | None = None, backend: str = interp.DEFAULT_BACKEND, progress: bool | None = None,
+              max_jobs: int | None = None, executor=None, rule: QualifyRule = QualifyRule(), **overrides) -> StudyResult:
     """Run (or resume) the study.
 
     ``model``: ``"world"`` (or a world checkpoint directory) uses the world's relations, labels
@@ -51,10 +51,10 @@ def run_study(model="world", relations: Optional[Sequence] = None, out: str | Pa
     return study.run(max_jobs=max_jobs, executor=executor)
 
 
-def make_study(model, relations: Optional[Sequence], out: str | Path, config: StudyConfig,
-               backend: str = interp.DEFAULT_BACKEND, progress: Optional[bool] = None,
-               rule: QualifyRule = QualifyRule(), labels: Optional[dict] = None, min_relations: int = 4
-               ) -> tuple[Study, Optional[pd.DataFrame]]:
+def make_study(model, relations: Sequence | None, out: str | Path, config: StudyConfig,
+               backend: str = interp.DEFAULT_BACKEND, progress: bool | None = None,
+               rule: QualifyRule = QualifyRule(), labels: dict | None = None, min_relations: int = 4
+               ) -> tuple[Study, pd.DataFrame | None]:
     """The configured :class:`Study` for ``model`` and ``relations`` as :func:`run_study` resolves
     them (world relations and labels, or the qualifying real relations), and the qualification
     table (None for the world). ``labels``: label categories for a real model (default

@@ -40,9 +40,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -81,13 +81,13 @@ class StudyConfig:
     label_seeds: tuple[int, ...] = (0, 1, 2)
     finetune_seeds: tuple[int, ...] = (0, 1, 2)
     methods: tuple[str, ...] = ("full", "lora")
-    n_finetune: Optional[int] = None
+    n_finetune: int | None = None
     finetune_budget: tuple[int, int] = (150, 300)
     min_per_answer: int = 2
     split_seed: int = 0
     folds: int = 5
     probe_C: float = 1.0
-    fixed_layer: Optional[int] = None  # default: n_layers // 2
+    fixed_layer: int | None = None  # default: n_layers // 2
     top_k: int = 3
     n_boot: int = 2000
     n_perm: int = 2000
@@ -141,9 +141,9 @@ class Study:
     """
 
     def __init__(self, model: Model, relations: Sequence[Relation], out_dir: str | Path,
-                 config: StudyConfig = StudyConfig(), labels: Optional[dict[str, Sequence[str]]] = None,
-                 subject_frequency: Optional[Callable[[str, str], float]] = None, frequency_source: str = "proxy",
-                 progress: Optional[bool] = None, trained_tokens: Optional[set[int]] = None):
+                 config: StudyConfig = StudyConfig(), labels: dict[str, Sequence[str]] | None = None,
+                 subject_frequency: Callable[[str, str], float] | None = None, frequency_source: str = "proxy",
+                 progress: bool | None = None, trained_tokens: set[int] | None = None):
         self.model = model
         self.relations = {r.name: r for r in relations}
         self.relation_list = list(relations)
@@ -316,7 +316,7 @@ class Study:
         problems); returns warnings (e.g. prompt tokens the model was never trained on)."""
         return validate_study(self)
 
-    def run(self, max_jobs: Optional[int] = None, executor=None) -> "StudyResult":
+    def run(self, max_jobs: int | None = None, executor=None) -> StudyResult:
         """Run (or resume) the study; ``max_jobs`` stops after that many new fine-tunes (for
         budgeting, and to test resumption). ``executor``: where the fine-tunes run
         (:mod:`lab.executors`: ``"serial"`` by default, ``"ray"`` or an Executor)."""
@@ -374,7 +374,7 @@ def shuffled_backmap_rates(lists: list, n_shuffles: int = 100, seed: int = 0) ->
     return out
 
 
-def wrong_top(ranked: Sequence[str], answer: str, k: int, kept: Optional[set] = None) -> list[str]:
+def wrong_top(ranked: Sequence[str], answer: str, k: int, kept: set | None = None) -> list[str]:
     """The first ``k`` answers of a ranking with the true ``answer`` (and answers not in ``kept``)
     removed."""
     return [a for a in ranked if a != answer and (kept is None or a in kept)][:k]

@@ -105,7 +105,7 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
         return r.iloc[0] if len(r) else None
 
     head, raw = row(HEADLINE[1]), row(RAW[1])
-    for key, (part, r) in {"headline": (HEADLINE, head), "raw": (RAW, raw)}.items():
+    for key, (part, _r) in {"headline": (HEADLINE, head), "raw": (RAW, raw)}.items():
         for analysis, d in summary[key].items():
             if isinstance(d, dict) and "r" in d:
                 hit = stats[(stats.method == m0) & (stats.predictor == part[0]) & (stats.outcome == part[1]) & (stats.analysis == analysis)]

@@ -1,14 +1,14 @@
 """The world's relations as :class:`interp.relations.Relation` objects, for every analyzer."""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from interp.relations import Relation
 
 from .world import World
 
 
-def from_world(world: World, relations: Optional[Iterable[str]] = None) -> list[Relation]:
+def from_world(world: World, relations: Iterable[str] | None = None) -> list[Relation]:
     """The world's relations, prompted exactly as the world's corpus writes each fact."""
     out = []
     for name in relations or [r.name for r in world.spec.relations]:

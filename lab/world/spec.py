@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from typing import Optional
 
 KNOBS = ("templates", "mentions", "augment", "bio")
 
@@ -33,14 +32,14 @@ class RelationSpec:
     name: str
     noun: str  # the word templates use to name the relation ("city", "employer", ...)
     n_answers: int = 10
-    derived_from: Optional[str] = None  # answers are a function of this relation's answers
+    derived_from: str | None = None  # answers are a function of this relation's answers
     templates: int = 1
     mentions: int = 1
     augment: bool = False
     bio: bool = False
     #: under mixed training (``WorldSpec.qa_fraction``), whether this relation's facts also get
     #: question-form statements; ``None``: exactly when it is a biography relation
-    qa: Optional[bool] = None
+    qa: bool | None = None
 
     @property
     def mixed(self) -> bool:
@@ -93,7 +92,7 @@ class WorldSpec:
     #: from a pool of 48, so no subject has a token (and an embedding row) of its own
     subject_tokens: str = "unique"
 
-    def validate(self) -> "WorldSpec":
+    def validate(self) -> WorldSpec:
         if not self.relations:
             raise WorldSpecError("a world needs at least one relation (zero given)")
         if self.n_subjects < 2:
@@ -124,7 +123,7 @@ class WorldSpec:
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "WorldSpec":
+    def from_dict(cls, d: dict) -> WorldSpec:
         d = dict(d)
         rels = []
         allowed = {f.name for f in fields(RelationSpec)}
@@ -144,7 +143,7 @@ class WorldSpec:
         return cls(relations=tuple(rels), **d).validate()
 
     @classmethod
-    def from_json(cls, text: str) -> "WorldSpec":
+    def from_json(cls, text: str) -> WorldSpec:
         return cls.from_dict(json.loads(text))
 
 

@@ -5,7 +5,7 @@ invented name part, answer and label is one token and character offsets are exac
 """
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 SPECIALS = ("<pad>", "<unk>", "<eos>")
 

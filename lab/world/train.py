@@ -18,7 +18,6 @@ import random
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 import torch
@@ -88,7 +87,7 @@ def train_world_model(
     spec: WorldSpec,
     out_dir: str | Path,
     config: TrainConfig = TrainConfig(),
-    progress: Optional[bool] = None,
+    progress: bool | None = None,
 ) -> Path:
     """Generate the world, pretrain on its corpus, save a checkpoint directory; returns its path."""
     if config.pack not in ("documents", "stream"):

@@ -33,7 +33,7 @@ class World:
 
     # generation ----------------------------------------------------------------------------
     @classmethod
-    def generate(cls, spec: WorldSpec) -> "World":
+    def generate(cls, spec: WorldSpec) -> World:
         spec.validate()
         rng = random.Random(spec.seed)
         used = {w.capitalize() for words in LABELS.values() for w in words}
