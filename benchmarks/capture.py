@@ -7,6 +7,7 @@ memory is the largest growth of resident memory during a timed repeat, sampled e
 
     python benchmarks/capture.py [--prompts 2048] [--batch-size 64] [--repeats 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,7 +96,9 @@ def run_one(method: str, path: Path, n: int, batch_size: int, repeats: int) -> d
                 hf(input_ids=b.input_ids, attention_mask=b.attention_mask, position_ids=b.position_ids)
 
     def ours():
-        interp.capture(model, texts, sites=sites, positions="last", batch_size=batch_size, padding_side="right", progress=False)
+        interp.capture(
+            model, texts, sites=sites, positions="last", batch_size=batch_size, padding_side="right", progress=False
+        )
 
     def run_with_cache():
         bridge = model.backend.bridge
@@ -121,8 +124,13 @@ def run_one(method: str, path: Path, n: int, batch_size: int, repeats: int) -> d
                 out.append(torch.stack(saved, 1))
         return torch.cat(out)
 
-    fn = {"bare_forward": bare, "interp_nnsight": ours, "interp_transformer_lens": ours,
-          "tl_run_with_cache": run_with_cache, "nnsight_trace": nnsight_trace}[method]
+    fn = {
+        "bare_forward": bare,
+        "interp_nnsight": ours,
+        "interp_transformer_lens": ours,
+        "tl_run_with_cache": run_with_cache,
+        "nnsight_trace": nnsight_trace,
+    }[method]
     fn()  # warm-up
     times, peaks = [], []
     for _ in range(repeats):
@@ -148,9 +156,25 @@ def main() -> None:
         return
     rows = []
     for m in METHODS:
-        out = subprocess.run([sys.executable, __file__, "--method", m, "--prompts", str(args.prompts),
-                              "--batch-size", str(args.batch_size), "--repeats", str(args.repeats),
-                              "--workdir", str(args.workdir)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--method",
+                m,
+                "--prompts",
+                str(args.prompts),
+                "--batch-size",
+                str(args.batch_size),
+                "--repeats",
+                str(args.repeats),
+                "--workdir",
+                str(args.workdir),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     floor = rows[0]["seconds"]
     print(f"capture of 6 x hook_resid_post at the last token, {args.prompts} prompts, batch {args.batch_size}")

@@ -10,6 +10,7 @@ token with respect to the layer-0 residual stream at the subject's last token (t
 
     python benchmarks/jacobian_batching.py [--prompts 32] [--backend nnsight]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,15 +57,19 @@ def main() -> None:
 
     ours()  # warm-up
     results = {}
-    for name, fn in [("per-example loop (autograd.functional)", lambda: loop(False)),
-                     ("per-example loop, vectorize=True", lambda: loop(True)),
-                     ("jacobians.jacobian (batched vmap)", ours)]:
+    for name, fn in [
+        ("per-example loop (autograd.functional)", lambda: loop(False)),
+        ("per-example loop, vectorize=True", lambda: loop(True)),
+        ("jacobians.jacobian (batched vmap)", ours),
+    ]:
         start = time.perf_counter()
         J = fn()
         results[name] = (time.perf_counter() - start, J)
     base_t, base_J = results["per-example loop (autograd.functional)"]
-    print(f"{args.prompts} prompts, J = d(block {model.n_layers - 1} out)/d(block 0 out) [{base_J.shape[1]} x "
-          f"{base_J.shape[2]}], backend {args.backend}, 2 threads\n")
+    print(
+        f"{args.prompts} prompts, J = d(block {model.n_layers - 1} out)/d(block 0 out) [{base_J.shape[1]} x "
+        f"{base_J.shape[2]}], backend {args.backend}, 2 threads\n"
+    )
     print(f"{'method':42s} {'seconds':>8s} {'speed-up':>9s} {'max |diff|':>11s}")
     for name, (t, J) in results.items():
         print(f"{name:42s} {t:8.3f} {base_t / t:8.1f}x {(J - base_J).abs().max().item():11.1e}")

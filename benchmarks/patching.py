@@ -10,6 +10,7 @@
 
     python benchmarks/patching.py [--pairs 16] [--relation country]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,10 @@ def world_pairs(relation: str, n: int, backend: str):
     model = interp.load_model("world", backend=backend)
     (rel,) = from_world(load_world(), [relation])
     pairs = relation_pairs(model, [p.text for p in rel.prompts()], rel.answers, n=n, seed=0)
-    print(f"world model: {model.n_layers} layers x {model.n_heads} heads, d_model {model.d_model}; {len(pairs)} pairs "
-          f"of {pairs.n_pos} tokens ({relation}); backend {backend}; 2 threads\n")
+    print(
+        f"world model: {model.n_layers} layers x {model.n_heads} heads, d_model {model.d_model}; {len(pairs)} pairs "
+        f"of {pairs.n_pos} tokens ({relation}); backend {backend}; 2 threads\n"
+    )
     return model, pairs
 
 
@@ -66,24 +69,28 @@ def main() -> None:
 
     receivers = [f"L{l}H{h}.{c}" for l in range(1, L) for h in range(H) for c in "qkv"] + ["logits"]
     senders = ["embed"] + [f"L{l}H{h}" for l in range(L) for h in range(H)]
-    pp = PathPatching(model, "logit_diff", senders=senders, receivers=receivers, mlps="frozen", batch_size=256,
-                      progress=False)
+    pp = PathPatching(
+        model, "logit_diff", senders=senders, receivers=receivers, mlps="frozen", batch_size=256, progress=False
+    )
     pp.run(pairs[:2])  # warm-up
     batched, t_batched = timed(lambda: pp.run(pairs))
     metric = as_metric("logit_diff")
     nodes = {s.name: s for s in pp.senders_}
 
     def naive():
-        return [naive_path_patch(model, pairs, metric, nodes[r.sender], parse_receivers(model, [r.receiver])[0], "frozen")
-                for r in batched.itertuples()]
+        return [
+            naive_path_patch(model, pairs, metric, nodes[r.sender], parse_receivers(model, [r.receiver])[0], "frozen")
+            for r in batched.itertuples()
+        ]
 
     ref, t_naive = timed(naive)
     diff = float(np.max(np.abs(np.array(ref) - batched.score.to_numpy())))
 
     ap = ActivationPatching(model, "logit_diff", sites=["z"], by_position=True, batch_size=256, progress=False)
     exact, t_ap = timed(lambda: ap.run(pairs))
-    at = AttributionPatching(model, "logit_diff", nodes=[f"L{l}H{h}" for l in range(L) for h in range(H)],
-                             by_position=True, progress=False)
+    at = AttributionPatching(
+        model, "logit_diff", nodes=[f"L{l}H{h}" for l in range(L) for h in range(H)], by_position=True, progress=False
+    )
     at.nodes(pairs[:2])
     approx, t_at = timed(lambda: at.nodes(pairs))
     effects = (exact.score - exact.attrs["target_score"]).to_numpy()
@@ -108,12 +115,16 @@ def main() -> None:
     n_edges = len(batched)
     print(f"{'method':44s} {'seconds':>8s} {'speed-up':>9s}  agreement")
     print(f"{'path patching, naive loop (' + str(n_edges) + ' edges)':44s} {t_naive:8.2f} {1.0:8.1f}x")
-    print(f"{'path patching, batched senders':44s} {t_batched:8.2f} {t_naive / t_batched:8.1f}x  max |score diff| {diff:.1e}")
+    print(
+        f"{'path patching, batched senders':44s} {t_batched:8.2f} {t_naive / t_batched:8.1f}x  max |score diff| {diff:.1e}"
+    )
     cells = len(exact)
     print(f"{'activation patching, TL loop (' + str(cells) + ' cells)':44s} {t_tl:8.2f} {1.0:8.1f}x")
     print(f"{'activation patching, ours (batched cells)':44s} {t_ap:8.2f} {t_tl / t_ap:8.1f}x  exact")
-    print(f"{'attribution patching (AtP, 1 fwd + 1 bwd)':44s} {t_at:8.2f} {t_tl / t_at:8.1f}x  "
-          f"vs exact: Spearman {rho:.3f}, Pearson {r:.3f}")
+    print(
+        f"{'attribution patching (AtP, 1 fwd + 1 bwd)':44s} {t_at:8.2f} {t_tl / t_at:8.1f}x  "
+        f"vs exact: Spearman {rho:.3f}, Pearson {r:.3f}"
+    )
     print(f"\nAtP vs our batched activation patching: {t_ap / t_at:.1f}x faster")
 
 

@@ -16,6 +16,7 @@ ordered from smallest to largest).
 
     python benchmarks/patching_statistics.py [--pairs 64] [--relation country]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,18 @@ def main() -> None:
 
     receivers = [f"L{l}H{h}.{c}" for l in range(1, L) for h in range(H) for c in "qkv"] + ["logits"]
     senders = ["embed"] + [f"L{l}H{h}" for l in range(L) for h in range(H)]
-    ours("path patching", lambda s: PathPatching(model, "logit_diff", senders=senders, receivers=receivers,
-                                                  batch_size=256, progress=False, statistics=s))
-    ap = ours("activation patching z", lambda s: ActivationPatching(model, "logit_diff", sites=["z"], by_position=True,
-                                                                     batch_size=256, progress=False, statistics=s))
+    ours(
+        "path patching",
+        lambda s: PathPatching(
+            model, "logit_diff", senders=senders, receivers=receivers, batch_size=256, progress=False, statistics=s
+        ),
+    )
+    ap = ours(
+        "activation patching z",
+        lambda s: ActivationPatching(
+            model, "logit_diff", sites=["z"], by_position=True, batch_size=256, progress=False, statistics=s
+        ),
+    )
 
     tl = interp.load_model("world", backend="transformer_lens").backend.bridge
     a, w, idx = pairs.answer, pairs.wrong, torch.arange(len(pairs))
@@ -76,23 +85,34 @@ def main() -> None:
     def tl_run():
         with torch.no_grad():
             _, cache = tl.run_with_cache(pairs.clean.input_ids, attention_mask=pairs.clean.attention_mask)
-            res = patching.get_act_patch_attn_head_out_by_pos(tl, pairs.corrupted.input_ids, cache, tl_metric,
-                                                              reduce="none", baseline=True)
+            res = patching.get_act_patch_attn_head_out_by_pos(
+                tl, pairs.corrupted.input_ids, cache, tl_metric, reduce="none", baseline=True
+            )
         res.bootstrap_ci(of_effect=True, n_resamples=1000)
         res.permutation_pvalue(n_permutations=1000)
         return res
 
     tl_run()  # warm-up, as for ours
     res, t_tl = timed(tl_run)
-    rows.append(("activation patching z, TransformerLens 4", res.values[..., 0].numel(), t_tl, rows[-1][3],
-                 res.values.numel() * 4 / 1024**2, peak_mib()))
+    rows.append(
+        (
+            "activation patching z, TransformerLens 4",
+            res.values[..., 0].numel(),
+            t_tl,
+            rows[-1][3],
+            res.values.numel() * 4 / 1024**2,
+            peak_mib(),
+        )
+    )
 
     print(f"{'run':44s} {'cells':>6s} {'seconds':>8s} {'x means':>8s} {'kept MiB':>9s} {'peak RSS MiB':>13s}")
     for name, cells, t, base, kept, peak in rows:
         print(f"{name:44s} {cells:6d} {t:8.2f} {t / base:7.2f}x {kept:9.2f} {peak:13.0f}")
     n_sig = int(((ap.ci_low > 0) | (ap.ci_high < 0)).sum())
-    print(f"\nactivation patching: {n_sig} of {len(ap)} cells have a 95% interval excluding 0; "
-          f"{int((ap.p_fdr < 0.05).sum())} have FDR-adjusted p < 0.05")
+    print(
+        f"\nactivation patching: {n_sig} of {len(ap)} cells have a 95% interval excluding 0; "
+        f"{int((ap.p_fdr < 0.05).sum())} have FDR-adjusted p < 0.05"
+    )
 
 
 if __name__ == "__main__":

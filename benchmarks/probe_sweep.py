@@ -8,6 +8,7 @@ per-cell accuracy difference.
 
     python benchmarks/probe_sweep.py [--folds 5] [--C 1.0] [--tol 1e-4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,10 @@ def main() -> None:
                     cell = ours[(ours.relation == r.name) & (ours.site == s) & (ours.fold == fold)].accuracy.item()
                     diffs.append(abs(cell - acc))
     t_sk = time.perf_counter() - t
-    print(f"probe sweep: {len(relations)} relations x {len(sites)} layers x {args.folds} folds = {n_fits} probes, "
-          f"d_model {model.d_model}, {args.threads} threads")
+    print(
+        f"probe sweep: {len(relations)} relations x {len(sites)} layers x {args.folds} folds = {n_fits} probes, "
+        f"d_model {model.d_model}, {args.threads} threads"
+    )
     print(f"{'method':<34}{'seconds':>9}{'speed-up':>10}{'max |acc diff|':>16}")
     print(f"{'sklearn Scaler+LogisticRegression':<34}{t_sk:>9.2f}{1.0:>10.1f}{0.0:>16.4f}")
     print(f"{'probes.ProbeSweep (batched)':<34}{t_ours:>9.2f}{t_sk / t_ours:>10.1f}{max(diffs):>16.4f}")

@@ -12,6 +12,7 @@
 
     python benchmarks/scale_out.py
 """
+
 from __future__ import annotations
 
 import json
@@ -38,17 +39,28 @@ def study_throughput(root: Path) -> list[tuple[str, float, int]]:
     from lab.executors import RayExecutor, SerialExecutor
     from lab.study import FinetuneConfig, StudyConfig, run_study
 
-    config = StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0, 1), finetune_seeds=(0,), other_categories=(),
-                         folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=60, check_every=60))
+    config = StudyConfig(
+        n_finetune=3,
+        methods=("full",),
+        label_seeds=(0, 1),
+        finetune_seeds=(0,),
+        other_categories=(),
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        finetune=FinetuneConfig(max_steps=60, check_every=60),
+    )
     # readability and pretrained scoring are shared by all runs: do them once, then time the fine-tunes only
     warm = root / "warm"
     run_study("world", RELATIONS, out=warm, config=config, max_jobs=0, progress=False)
     rows, tables = [], {}
-    for name, make in [("serial, 2 threads", lambda: SerialExecutor(progress=False)),
-                       ("serial, threads=1", lambda: SerialExecutor(progress=False, threads=1)),
-                       ("ray, 1 worker x 1 CPU", lambda: RayExecutor(num_cpus=1)),
-                       ("ray, 2 workers x 1 CPU", lambda: RayExecutor(num_cpus=1)),
-                       ("ray, 2 workers x 2 threads (old)", lambda: RayExecutor(num_cpus=1, threads=2))]:
+    for name, make in [
+        ("serial, 2 threads", lambda: SerialExecutor(progress=False)),
+        ("serial, threads=1", lambda: SerialExecutor(progress=False, threads=1)),
+        ("ray, 1 worker x 1 CPU", lambda: RayExecutor(num_cpus=1)),
+        ("ray, 2 workers x 1 CPU", lambda: RayExecutor(num_cpus=1)),
+        ("ray, 2 workers x 2 threads (old)", lambda: RayExecutor(num_cpus=1, threads=2)),
+    ]:
         out = root / name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "").replace("=", "")
         out.parent.mkdir(parents=True, exist_ok=True)
         import shutil
@@ -79,8 +91,18 @@ def sweep_memory(root: Path):
     out = {}
     for mode in ("in_memory", "out_of_core"):
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(HERE.parent / "tests" / "out_of_core_sweep.py"), str(store), mode,
-                               str(root / f"{mode}.csv")], capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(HERE.parent / "tests" / "out_of_core_sweep.py"),
+                str(store),
+                mode,
+                str(root / f"{mode}.csv"),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out[mode] = {**json.loads(proc.stdout.strip().splitlines()[-1]), "seconds": time.perf_counter() - start}
     import pandas as pd
 
@@ -93,14 +115,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         rows, same = study_throughput(root)
-        print(f"study fine-tunes ({rows[0][2]} jobs: {len(RELATIONS)} world relations x 2 label seeds, 60 steps), 2-core machine")
+        print(
+            f"study fine-tunes ({rows[0][2]} jobs: {len(RELATIONS)} world relations x 2 label seeds, 60 steps), 2-core machine"
+        )
         print(f"{'executor':34s} {'seconds':>8s} {'jobs/min':>9s}")
         for name, seconds, n in rows:
             print(f"{name:34s} {seconds:8.1f} {60 * n / seconds:9.2f}")
         by = {name: seconds for name, seconds, _ in rows}
-        print(f"scaling, 2 Ray workers vs 1: {by['ray, 1 worker x 1 CPU'] / by['ray, 2 workers x 1 CPU']:.2f}x; "
-              f"1 thread per worker vs 2 (old default): {by['ray, 2 workers x 2 threads (old)'] / by['ray, 2 workers x 1 CPU']:.2f}x "
-              f"faster; identical tables (1 thread per job): {same}\n")
+        print(
+            f"scaling, 2 Ray workers vs 1: {by['ray, 1 worker x 1 CPU'] / by['ray, 2 workers x 1 CPU']:.2f}x; "
+            f"1 thread per worker vs 2 (old default): {by['ray, 2 workers x 2 threads (old)'] / by['ray, 2 workers x 1 CPU']:.2f}x "
+            f"faster; identical tables (1 thread per job): {same}\n"
+        )
         mem, agree = sweep_memory(root)
         print(f"probe sweep over a {mem['out_of_core']['store_mb']:.0f} MB store (24 sites x 12,000 x 256)")
         print(f"{'mode':32s} {'seconds':>8s} {'peak MB':>9s}")

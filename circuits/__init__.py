@@ -20,6 +20,7 @@ p-values; :mod:`circuits.statistics`).
 
 :mod:`lab.experiments.induction` ships a model with a known circuit (induction heads) to check them on.
 """
+
 from .activation_patching import PATCHABLE, ActivationPatching
 from .attribution import AttributionPatching
 from .components import Node, Receiver, UnknownComponentError, all_nodes, all_receivers
@@ -39,9 +40,31 @@ from .plots import circuit_graph, faithfulness_plot, head_heatmap, position_heat
 from .statistics import Uncertainty, significant
 
 __all__ = [
-    "ActivationPatching", "AttributionPatching", "PathPatching", "PATCHABLE", "Node", "Receiver",
-    "UnknownComponentError", "all_nodes", "all_receivers", "Metric", "MetricError", "answer_prob", "as_metric",
-    "kl_to_clean", "logit_diff", "PairLengthError", "Pairs", "make_pairs", "circuit_graph", "head_heatmap",
-    "position_heatmap", "Uncertainty", "significant", "EdgePatching", "Faithfulness", "MIB_FRACTIONS",
+    "ActivationPatching",
+    "AttributionPatching",
+    "PathPatching",
+    "PATCHABLE",
+    "Node",
+    "Receiver",
+    "UnknownComponentError",
+    "all_nodes",
+    "all_receivers",
+    "Metric",
+    "MetricError",
+    "answer_prob",
+    "as_metric",
+    "kl_to_clean",
+    "logit_diff",
+    "PairLengthError",
+    "Pairs",
+    "make_pairs",
+    "circuit_graph",
+    "head_heatmap",
+    "position_heatmap",
+    "Uncertainty",
+    "significant",
+    "EdgePatching",
+    "Faithfulness",
+    "MIB_FRACTIONS",
     "faithfulness_plot",
 ]

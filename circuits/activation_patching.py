@@ -24,6 +24,7 @@ bootstrap interval and sign-flip p-value (:mod:`circuits.statistics`), and ``ap.
 holds the per-pair scores ``[cells, n_pairs]`` (rows in the table's order) with
 ``ap.baseline_`` the unpatched run's ``[n_pairs]``.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -69,10 +70,19 @@ class ActivationPatching:
         (``True`` or a :class:`circuits.Uncertainty`)
     """
 
-    def __init__(self, model, metric="logit_diff", sites: Sequence[str] = ("resid_pre",), by_position: bool = True,
-                 direction: str = "clean_into_corrupted", layers: Sequence[int] | None = None,
-                 positions: Sequence[int] | None = None, batch_size: int = 256, progress: bool | None = None,
-                 statistics=False):
+    def __init__(
+        self,
+        model,
+        metric="logit_diff",
+        sites: Sequence[str] = ("resid_pre",),
+        by_position: bool = True,
+        direction: str = "clean_into_corrupted",
+        layers: Sequence[int] | None = None,
+        positions: Sequence[int] | None = None,
+        batch_size: int = 256,
+        progress: bool | None = None,
+        statistics=False,
+    ):
         self.model = model
         self.metric = metric
         self.sites = sites
@@ -92,11 +102,15 @@ class ActivationPatching:
         for s in sites:
             if s not in PATCHABLE:
                 near = difflib.get_close_matches(s, PATCHABLE, n=2, cutoff=0.4)
-                raise ValueError(f"cannot patch site kind {s!r}; choose from {list(PATCHABLE)}"
-                                 + (f" (did you mean {near[0]!r}?)" if near else ""))
+                raise ValueError(
+                    f"cannot patch site kind {s!r}; choose from {list(PATCHABLE)}"
+                    + (f" (did you mean {near[0]!r}?)" if near else "")
+                )
             if site(s, 0) not in model.sites:
-                raise ValueError(f"this model has no {s!r} site ({SHORT_KINDS[s]}); e.g. blocks with parallel attention "
-                                 "and MLP have no resid_mid")
+                raise ValueError(
+                    f"this model has no {s!r} site ({SHORT_KINDS[s]}); e.g. blocks with parallel attention "
+                    "and MLP have no resid_mid"
+                )
         self.sites_ = sites
         self.target_, self.source_ = resolve_direction(self.direction)
         self.layers_ = list(range(model.n_layers)) if self.layers is None else list(self.layers)
@@ -112,7 +126,7 @@ class ActivationPatching:
         for layer in self.layers_:
             heads = range(n_heads_at[layer]) if kind in HEAD_KINDS else [None]
             for head in heads:
-                for pos in (positions if self.by_position else [None]):
+                for pos in positions if self.by_position else [None]:
                     cells.append((layer, head, pos))
         return cells
 
@@ -129,12 +143,14 @@ class ActivationPatching:
             n_cells = 0
             for kind in self.sites_:
                 heads = self.model.n_kv_heads if kind in ("k", "v") else self.model.n_heads
-                n_cells += len(self._cells(kind, pairs.n_pos, {lyr: heads if kind in HEAD_KINDS else 1
-                                                                for lyr in self.layers_}))
+                n_cells += len(
+                    self._cells(kind, pairs.n_pos, {lyr: heads if kind in HEAD_KINDS else 1 for lyr in self.layers_})
+                )
             check_memory(n_cells, n_total, self.uncertainty_, "activation patching")
         parts = list(pairs.batches(self.batch_size))
-        bar = progress_bar(total=len(parts) * len(self.sites_), desc="activation patching", unit="site batches",
-                           progress=self.progress)
+        bar = progress_bar(
+            total=len(parts) * len(self.sites_), desc="activation patching", unit="site batches", progress=self.progress
+        )
         for part in parts:
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             unpatched = metric_of(self.model, target, part, self.metric_)
@@ -164,15 +180,28 @@ class ActivationPatching:
         for key in sums:  # insertion order: site, layer, head, position
             kind, layer, head, pos = key
             score = sums[key] / n_total
-            rows.append({"site": kind, "layer": layer, "head": head, "position": pos, "score": score,
-                         "normalized": (score - target_score) / span if span != 0 else float("nan")})
+            rows.append(
+                {
+                    "site": kind,
+                    "layer": layer,
+                    "head": head,
+                    "position": pos,
+                    "score": score,
+                    "normalized": (score - target_score) / span if span != 0 else float("nan"),
+                }
+            )
         df = pd.DataFrame(rows)
         for col in ("head", "position"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric_.name, direction=self.direction, n_pairs=n_total,
-                        target_score=target_score, source_score=source_score,
-                        clean_score=target_score if self.target_ == "clean" else source_score,
-                        corrupted_score=source_score if self.target_ == "clean" else target_score)
+        df.attrs.update(
+            metric=self.metric_.name,
+            direction=self.direction,
+            n_pairs=n_total,
+            target_score=target_score,
+            source_score=source_score,
+            clean_score=target_score if self.target_ == "clean" else source_score,
+            corrupted_score=source_score if self.target_ == "clean" else target_score,
+        )
         if self.uncertainty_ is not None:
             self.baseline_ = torch.cat(baseline)
             self.per_pair_ = torch.stack([torch.cat(kept[key]) for key in sums])
@@ -188,7 +217,7 @@ class ActivationPatching:
         for layer in sorted({c[0] for c in chunk}):
             name = names[layer]
             source_act = src[name]
-            mask = torch.zeros((k,) + tuple(source_act.shape[1:3 if head_kind else 2]), dtype=torch.bool)
+            mask = torch.zeros((k,) + tuple(source_act.shape[1 : 3 if head_kind else 2]), dtype=torch.bool)
             for row, (lyr, head, pos) in enumerate(chunk):
                 if lyr != layer:
                     continue

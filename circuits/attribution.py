@@ -30,6 +30,7 @@ residual stream, so these are obtained by one extra forward per layer in which t
 is a fresh leaf, and a backward through that layer's projections only. Everything is batched over
 pairs; nothing is run per component.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -69,10 +70,19 @@ class AttributionPatching:
     statistics : ``True`` or a :class:`circuits.Uncertainty`: per-row intervals and p-values over pairs
     """
 
-    def __init__(self, model, metric="logit_diff", ig_steps: int | None = None,
-                 direction: str = "clean_into_corrupted", nodes: Sequence | None = None,
-                 receivers: Sequence | None = None, by_position: bool = False, batch_size: int = 64,
-                 progress: bool | None = None, statistics=False):
+    def __init__(
+        self,
+        model,
+        metric="logit_diff",
+        ig_steps: int | None = None,
+        direction: str = "clean_into_corrupted",
+        nodes: Sequence | None = None,
+        receivers: Sequence | None = None,
+        by_position: bool = False,
+        batch_size: int = 64,
+        progress: bool | None = None,
+        statistics=False,
+    ):
         self.model = model
         self.metric = metric
         self.ig_steps = ig_steps
@@ -138,8 +148,10 @@ class AttributionPatching:
             logits = self.model.run(target, hooks)
             value = self.metric_.reduce(logits, part).sum()
             if not value.requires_grad:
-                raise ValueError(f"metric {self.metric_.name!r} is not differentiable with respect to the logits "
-                                 "(did it call .item(), argmax or detach?); attribution patching needs its gradient")
+                raise ValueError(
+                    f"metric {self.metric_.name!r} is not differentiable with respect to the logits "
+                    "(did it call .item(), argmax or detach?); attribution patching needs its gradient"
+                )
             names = list(leaves)
             grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True)
         return {n: (torch.zeros_like(leaves[n]) if g is None else g.detach()) for n, g in zip(names, grads)}
@@ -153,8 +165,12 @@ class AttributionPatching:
         totals: dict[str, Tensor] = {}
         kept: dict[str, list[Tensor]] = {s: [] for s in sites}  # per pair [n, pos, (head)], with statistics
         if self.uncertainty_ is not None:
-            check_memory(len(self.nodes_) * (pairs.n_pos if self.by_position else 1), len(pairs), self.uncertainty_,
-                         "attribution patching")
+            check_memory(
+                len(self.nodes_) * (pairs.n_pos if self.by_position else 1),
+                len(pairs),
+                self.uncertainty_,
+                "attribution patching",
+            )
         bar = progress_bar(total=len(pairs), desc="attribution (nodes)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
@@ -187,8 +203,13 @@ class AttributionPatching:
         df = pd.DataFrame(rows)
         for col in ("head", "position"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=n,
-                        method=self.method_name)
+        df.attrs.update(
+            metric=self.metric_.name,
+            direction=self.direction,
+            ig_steps=self.ig_steps,
+            n_pairs=n,
+            method=self.method_name,
+        )
         if self.uncertainty_ is not None:
             self.per_pair_ = torch.stack(per_rows)
             df = attach(df, self.per_pair_, self.uncertainty_)
@@ -239,15 +260,28 @@ class AttributionPatching:
             for j, r in enumerate(receivers):
                 if reaches(model, s, r):
                     cells.append((i, j))
-                    rows.append({"sender": s.name, "receiver": r.name, "sender_layer": s.layer, "sender_head": s.head,
-                                 "receiver_layer": r.layer, "receiver_head": r.head,
-                                 "receiver_input": r.input if r.kind == "head" else r.kind,
-                                 "score": float(scores[i, j])})
+                    rows.append(
+                        {
+                            "sender": s.name,
+                            "receiver": r.name,
+                            "sender_layer": s.layer,
+                            "sender_head": s.head,
+                            "receiver_layer": r.layer,
+                            "receiver_head": r.head,
+                            "receiver_input": r.input if r.kind == "head" else r.kind,
+                            "score": float(scores[i, j]),
+                        }
+                    )
         df = pd.DataFrame(rows)
         for col in ("sender_head", "receiver_head"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric_.name, direction=self.direction, ig_steps=self.ig_steps, n_pairs=len(pairs),
-                        method=self.method_name)
+        df.attrs.update(
+            metric=self.metric_.name,
+            direction=self.direction,
+            ig_steps=self.ig_steps,
+            n_pairs=len(pairs),
+            method=self.method_name,
+        )
         if self.uncertainty_ is not None:
             each = torch.cat(kept, -1)
             self.per_pair_ = torch.stack([each[i, j] for i, j in cells])
@@ -262,8 +296,9 @@ class AttributionPatching:
             return dz @ w_o[node.layer][node.head].to(dz.dtype)
         return src[s] - tgt[s]
 
-    def _receiver_inputs(self, part, target, src_embed, alpha, g: dict[str, Tensor],
-                         receivers: list[Receiver]) -> Tensor:
+    def _receiver_inputs(
+        self, part, target, src_embed, alpha, g: dict[str, Tensor], receivers: list[Receiver]
+    ) -> Tensor:
         """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: ``[R, n, pos, d_model]``."""
         model = self.model
         out: list[Tensor | None] = [None] * len(receivers)
@@ -318,10 +353,15 @@ class AttributionPatching:
 
 
 def _node_row(node: Node, position, score: float) -> dict:
-    return {"node": node.name, "kind": node.kind, "layer": node.layer, "head": node.head, "position": position,
-            "score": score}
+    return {
+        "node": node.name,
+        "kind": node.kind,
+        "layer": node.layer,
+        "head": node.head,
+        "position": position,
+        "score": score,
+    }
 
 
 def _order(name: str):
     return parse_site(name).order
-

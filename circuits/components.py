@@ -13,6 +13,7 @@ the group's first query head: with 4 heads in 2 groups the key receivers of laye
 ``L1H0.k`` (read by heads 0 and 1) and ``L1H2.k`` (heads 2 and 3); ``L1H1.k`` is an error that
 says so. Queries stay per head.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -100,8 +101,9 @@ def all_receivers(model, inputs: str = "qkv", mlps: bool = True, logits: bool = 
     group = group_size(model)
     out = []
     for layer in range(model.n_layers):
-        out += [Receiver("head", layer, h, c) for h in range(model.n_heads) for c in inputs
-                if c == "q" or h % group == 0]
+        out += [
+            Receiver("head", layer, h, c) for h in range(model.n_heads) for c in inputs if c == "q" or h % group == 0
+        ]
         if mlps and has_mlp:
             out.append(Receiver("mlp", layer))
     if logits:

@@ -31,6 +31,7 @@ on grouped-query models a key/value receiver is its group's shared key/value.
     >>> ep = EdgePatching(model, "logit_diff")              # edges: ep.edges(), one row per edge
     >>> per_pair = ep.evaluate(pairs, masks)                 # masks: [K, n_edges] -> [K, n_pairs]
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -66,9 +67,17 @@ class EdgePatching:
     batch_size : rows per forward pass (pairs x copies)
     """
 
-    def __init__(self, model, metric="logit_diff", senders: Sequence | None = None,
-                 receivers: Sequence | None = None, ablation: str = "counterfactual",
-                 direction: str = "corrupted_into_clean", batch_size: int = 512, progress: bool | None = None):
+    def __init__(
+        self,
+        model,
+        metric="logit_diff",
+        senders: Sequence | None = None,
+        receivers: Sequence | None = None,
+        ablation: str = "counterfactual",
+        direction: str = "corrupted_into_clean",
+        batch_size: int = 512,
+        progress: bool | None = None,
+    ):
         self.model = model
         self.metric = metric
         self.senders = senders
@@ -96,9 +105,20 @@ class EdgePatching:
     def edges(self) -> pd.DataFrame:
         """The graph's edges in the order masks index them: ``sender, receiver, ...`` per row."""
         self._validate()
-        return pd.DataFrame([{"sender": s.name, "receiver": r.name, "sender_layer": s.layer, "sender_head": s.head,
-                              "receiver_layer": r.layer, "receiver_head": r.head,
-                              "receiver_input": r.input if r.kind == "head" else r.kind} for s, r in self.edges_])
+        return pd.DataFrame(
+            [
+                {
+                    "sender": s.name,
+                    "receiver": r.name,
+                    "sender_layer": s.layer,
+                    "sender_head": s.head,
+                    "receiver_layer": r.layer,
+                    "receiver_head": r.head,
+                    "receiver_input": r.input if r.kind == "head" else r.kind,
+                }
+                for s, r in self.edges_
+            ]
+        )
 
     # ------------------------------------------------------------------------------------------
     def evaluate(self, pairs: Pairs, masks: Float[Tensor, "k edges"]) -> Float[Tensor, "k n"]:
@@ -109,8 +129,10 @@ class EdgePatching:
         if masks.dim() == 1:
             masks = masks[None]
         if masks.shape[-1] != len(self.edges_):
-            raise ValueError(f"masks have {masks.shape[-1]} entries per row but the graph has {len(self.edges_)} "
-                             "edges (see EdgePatching.edges())")
+            raise ValueError(
+                f"masks have {masks.shape[-1]} entries per row but the graph has {len(self.edges_)} "
+                "edges (see EdgePatching.edges())"
+            )
         pairs = prepare(self.model, pairs, self.metric_)
         means = self._mean_writes(pairs) if self.ablation == "mean" else None
         active = [self._plan(m) for m in masks]
@@ -119,13 +141,17 @@ class EdgePatching:
         copies = [1 + max((len(slots) for slots in plan["by_layer"].values()), default=0) for plan in active]
         per_batch = max(1, self.batch_size // max(copies))
         out = torch.zeros(len(masks), len(pairs))
-        bar = progress_bar(total=len(masks) * len(pairs), desc="edge patching", unit="pair runs", progress=self.progress)
+        bar = progress_bar(
+            total=len(masks) * len(pairs), desc="edge patching", unit="pair runs", progress=self.progress
+        )
         start = 0
         for part in pairs.batches(per_batch):
             target = batch_of(part, self.target_)
             source_writes = means if means is not None else self._writes_of(batch_of(part, self.source_))
             for k, plan in enumerate(active):
-                out[k, start : start + len(part)] = self._run(part, target, source_writes, plan, copies[k]).float().cpu()
+                out[k, start : start + len(part)] = (
+                    self._run(part, target, source_writes, plan, copies[k]).float().cpu()
+                )
                 bar.update(len(part))
             start += len(part)
         bar.close()
@@ -135,8 +161,13 @@ class EdgePatching:
     def _node_sites(self) -> list[str]:
         names = {site("embed")}
         for s in self.senders_:
-            names.add(site("z", s.layer) if s.kind == "head" else site("mlp_out", s.layer) if s.kind == "mlp"
-                      else site("embed"))
+            names.add(
+                site("z", s.layer)
+                if s.kind == "head"
+                else site("mlp_out", s.layer)
+                if s.kind == "mlp"
+                else site("embed")
+            )
         return sorted(names)
 
     def _w_o(self, layer: int) -> Tensor:
@@ -214,6 +245,7 @@ class EdgePatching:
 
         def inputs(slots: dict[Receiver, int]):
             """A hook giving block ``c`` the input of receiver ``r``: block 0's value minus its patched edges."""
+
             def hook(act):
                 act = act.clone()
                 x = act[block(0)]
@@ -249,6 +281,7 @@ class EdgePatching:
 
                 hooks[site(which, layer)] = on_qkv
             if layer in heads_at:
+
                 def on_z(act, layer=layer):
                     w = self._w_o(layer).to(act.device, act.dtype)
                     for s in heads_at[layer]:
@@ -258,6 +291,7 @@ class EdgePatching:
             if mlp_slots and not self.parallel_:
                 hooks[site("resid_mid", layer)] = inputs(mlp_slots)
             if mlp_slots or layer in mlp_senders:
+
                 def on_mlp(act, mlp_slots=mlp_slots, layer=layer):
                     if mlp_slots:
                         act = act.clone()
@@ -270,6 +304,7 @@ class EdgePatching:
                 hooks[site("mlp_out", layer)] = on_mlp
         logits_r = next((r for r in weights if r.kind == "logits"), None)
         if logits_r is not None:
+
             def on_post(act):
                 act = act.clone()
                 x = act[block(0)]

@@ -37,6 +37,7 @@ correction, so it cannot go below ``1 / (n_random + 1)``: the default 99 allows 
     >>> curve = fa.run(pairs, {"EAP-IG": eap_ig_edges, "EAP": eap_edges})
     >>> fa.summary_        # method, cpr, cmd, cpr_low, cpr_high, random_cpr_mean, p_random_cpr, ...
 """
+
 from __future__ import annotations
 
 import math
@@ -74,11 +75,24 @@ class Faithfulness:
     senders, receivers : restrict the graph (default: the whole model)
     """
 
-    def __init__(self, model, metric="logit_diff", level: str = "edge", ablation: str = "counterfactual",
-                 fractions: Sequence[float] = MIB_FRACTIONS, n_random: int = 99, absolute: bool = True,
-                 allow_unscored: bool = False, log_x: bool = False, n_boot: int = 1000, seed: int = 0,
-                 senders: Sequence | None = None,
-                 receivers: Sequence | None = None, batch_size: int = 512, progress: bool | None = None):
+    def __init__(
+        self,
+        model,
+        metric="logit_diff",
+        level: str = "edge",
+        ablation: str = "counterfactual",
+        fractions: Sequence[float] = MIB_FRACTIONS,
+        n_random: int = 99,
+        absolute: bool = True,
+        allow_unscored: bool = False,
+        log_x: bool = False,
+        n_boot: int = 1000,
+        seed: int = 0,
+        senders: Sequence | None = None,
+        receivers: Sequence | None = None,
+        batch_size: int = 512,
+        progress: bool | None = None,
+    ):
         self.model = model
         self.metric = metric
         self.level = level
@@ -104,11 +118,21 @@ class Faithfulness:
         if self.n_random < 0 or self.n_boot < 1:
             raise ValueError(f"n_random must be >= 0 and n_boot >= 1, got {self.n_random} and {self.n_boot}")
         self.fractions_ = fr
-        self.engine_ = EdgePatching(self.model, self.metric, senders=self.senders, receivers=self.receivers,
-                                    ablation=self.ablation, batch_size=self.batch_size, progress=self.progress)
+        self.engine_ = EdgePatching(
+            self.model,
+            self.metric,
+            senders=self.senders,
+            receivers=self.receivers,
+            ablation=self.ablation,
+            batch_size=self.batch_size,
+            progress=self.progress,
+        )
         self.edges_ = self.engine_.edges()
-        self.items_ = (list(zip(self.edges_.sender, self.edges_.receiver)) if self.level == "edge"
-                       else [s.name for s in self.engine_.senders_])
+        self.items_ = (
+            list(zip(self.edges_.sender, self.edges_.receiver))
+            if self.level == "edge"
+            else [s.name for s in self.engine_.senders_]
+        )
 
     # ------------------------------------------------------------------------------------------
     def ranking(self, scores: pd.DataFrame, name: str = "scores") -> tuple[np.ndarray, int, int]:
@@ -122,12 +146,17 @@ class Faithfulness:
             keys = list(scores.get("node", []))
         missing = [c for c in need if c not in scores.columns]
         if missing:
-            hint = ("edge scores come from AttributionPatching.edges or PathPatching.run" if self.level == "edge"
-                    else "node scores come from AttributionPatching.nodes (by_position=False)")
+            hint = (
+                "edge scores come from AttributionPatching.edges or PathPatching.run"
+                if self.level == "edge"
+                else "node scores come from AttributionPatching.nodes (by_position=False)"
+            )
             raise ValueError(f"{self.level}-level faithfulness needs columns {need}; missing {missing} ({hint})")
         if scores.duplicated(need[:-1]).any():
-            raise ValueError(f"scores have several rows per {self.level}: one score per {self.level} "
-                             "(e.g. by_position=False, one receiver input per row)")
+            raise ValueError(
+                f"scores have several rows per {self.level}: one score per {self.level} "
+                "(e.g. by_position=False, one receiver input per row)"
+            )
         value = dict(zip(keys, scores["score"].astype(float)))
         known = set(self.items_)
         extra = [k for k in value if k not in known]
@@ -137,10 +166,12 @@ class Faithfulness:
         unscored = int(np.isnan(s).sum())
         if unscored and not self.allow_unscored:
             example = self.items_[int(np.flatnonzero(np.isnan(s))[0])]
-            raise ValueError(f"{name!r} scores {len(s) - unscored} of the graph's {len(s)} {self.level}s (e.g. not "
-                             f"{example!r}); score them all (e.g. AttributionPatching(...).edges with the default "
-                             "receivers), restrict the graph (senders=, receivers=), or pass allow_unscored=True to "
-                             "rank the rest last in random order")
+            raise ValueError(
+                f"{name!r} scores {len(s) - unscored} of the graph's {len(s)} {self.level}s (e.g. not "
+                f"{example!r}); score them all (e.g. AttributionPatching(...).edges with the default "
+                "receivers), restrict the graph (senders=, receivers=), or pass allow_unscored=True to "
+                "rank the rest last in random order"
+            )
         key = np.abs(s) if self.absolute else s
         key = np.where(np.isnan(key), -np.inf, key)
         shuffle = torch.randperm(len(s), generator=generator(self.seed, "ties", name)).numpy()
@@ -197,15 +228,25 @@ class Faithfulness:
         means = per_pair.double().mean(-1).numpy()
         full, empty = means[0], means[1]
         if abs(full - empty) < 1e-6 * max(1.0, abs(full)):
-            raise ValueError(f"the full model and the empty circuit score the same ({full:.4g}): faithfulness is "
-                             "undefined; choose pairs whose clean and corrupted runs differ on this metric")
+            raise ValueError(
+                f"the full model and the empty circuit score the same ({full:.4g}): faithfulness is "
+                "undefined; choose pairs whose clean and corrupted runs differ on this metric"
+            )
         self._check_empty(pairs, empty)
         curve = pd.DataFrame(rows)
         curve["score"] = means[curve["mask"].to_numpy()]
         curve["faithfulness"] = (curve["score"] - empty) / (full - empty) if full != empty else np.nan
         curve["draw"] = curve["draw"].astype("Int64")
-        curve.attrs.update(full_score=float(full), empty_score=float(empty), level=self.level, ablation=self.ablation,
-                           n_items=n_items, n_edges=len(self.edges_), n_pairs=len(pairs), log_x=self.log_x)
+        curve.attrs.update(
+            full_score=float(full),
+            empty_score=float(empty),
+            level=self.level,
+            ablation=self.ablation,
+            n_items=n_items,
+            n_edges=len(self.edges_),
+            n_pairs=len(pairs),
+            log_x=self.log_x,
+        )
         self.summary_ = self._summary(curve, per_pair)
         self.summary_["n_unscored"] = [orders[m][1] for m in self.summary_.method]
         self.summary_["n_tied"] = [orders[m][2] for m in self.summary_.method]
@@ -217,12 +258,16 @@ class Faithfulness:
         token types...) and edge patching does not describe it."""
         if self.ablation != "counterfactual":
             return
-        corrupted = sum(float(metric_of(self.model, part.corrupted, part, self.engine_.metric_).double().sum())
-                        for part in pairs.batches(self.batch_size)) / len(pairs)
+        corrupted = sum(
+            float(metric_of(self.model, part.corrupted, part, self.engine_.metric_).double().sum())
+            for part in pairs.batches(self.batch_size)
+        ) / len(pairs)
         if abs(corrupted - empty) > 1e-3 * max(1.0, abs(corrupted)):
-            raise ValueError(f"with every edge patched the model scores {empty:.4g}, but the corrupted run scores "
-                             f"{corrupted:.4g}: this architecture's residual stream is not the sum of the writes edge "
-                             "patching knows (embeddings, heads, MLPs); its faithfulness numbers would be wrong")
+            raise ValueError(
+                f"with every edge patched the model scores {empty:.4g}, but the corrupted run scores "
+                f"{corrupted:.4g}: this architecture's residual stream is not the sum of the writes edge "
+                "patching knows (embeddings, heads, MLPs); its faithfulness numbers would be wrong"
+            )
 
     # ------------------------------------------------------------------------------------------
     def _area_rows(self, curve: pd.DataFrame, f_of_mask: np.ndarray) -> pd.DataFrame:
@@ -254,19 +299,32 @@ class Faithfulness:
         rows = []
         for _, row in methods.iterrows():
             b = boot_areas[(boot_areas.method == row.method)].iloc[0]
-            entry = {"method": row.method, "cpr": float(row.cpr), "cmd": float(row.cmd),
-                     "cpr_low": float(np.quantile(b.cpr, 0.025)), "cpr_high": float(np.quantile(b.cpr, 0.975)),
-                     "cmd_low": float(np.quantile(b.cmd, 0.025)), "cmd_high": float(np.quantile(b.cmd, 0.975))}
+            entry = {
+                "method": row.method,
+                "cpr": float(row.cpr),
+                "cmd": float(row.cmd),
+                "cpr_low": float(np.quantile(b.cpr, 0.025)),
+                "cpr_high": float(np.quantile(b.cpr, 0.975)),
+                "cmd_low": float(np.quantile(b.cmd, 0.025)),
+                "cmd_high": float(np.quantile(b.cmd, 0.975)),
+            }
             if len(rand):
                 r_cpr, r_cmd = rand.cpr.to_numpy(float), rand.cmd.to_numpy(float)
                 boot_rand = np.stack(boot_areas[boot_areas.method == "random"].cpr.to_list()).mean(0)  # [B]
                 excess = np.asarray(b.cpr) - boot_rand
-                entry.update(excess_cpr=float(row.cpr - r_cpr.mean()), excess_low=float(np.quantile(excess, 0.025)),
-                             excess_high=float(np.quantile(excess, 0.975)))
-                entry.update(random_cpr_mean=float(r_cpr.mean()), random_cpr_sd=float(r_cpr.std(ddof=1)) if len(rand) > 1 else np.nan,
-                             random_cmd_mean=float(r_cmd.mean()), random_cmd_sd=float(r_cmd.std(ddof=1)) if len(rand) > 1 else np.nan,
-                             p_random_cpr=(1 + int((r_cpr >= row.cpr).sum())) / (1 + len(rand)),
-                             p_random_cmd=(1 + int((r_cmd <= row.cmd).sum())) / (1 + len(rand)))
+                entry.update(
+                    excess_cpr=float(row.cpr - r_cpr.mean()),
+                    excess_low=float(np.quantile(excess, 0.025)),
+                    excess_high=float(np.quantile(excess, 0.975)),
+                )
+                entry.update(
+                    random_cpr_mean=float(r_cpr.mean()),
+                    random_cpr_sd=float(r_cpr.std(ddof=1)) if len(rand) > 1 else np.nan,
+                    random_cmd_mean=float(r_cmd.mean()),
+                    random_cmd_sd=float(r_cmd.std(ddof=1)) if len(rand) > 1 else np.nan,
+                    p_random_cpr=(1 + int((r_cpr >= row.cpr).sum())) / (1 + len(rand)),
+                    p_random_cmd=(1 + int((r_cmd <= row.cmd).sum())) / (1 + len(rand)),
+                )
             rows.append(entry)
         out = pd.DataFrame(rows)
         out.attrs.update(n_random=len(rand), n_boot=self.n_boot, level=self.level, ablation=self.ablation)

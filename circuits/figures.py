@@ -6,6 +6,7 @@ figure for a paper can be restyled without rerunning anything:
 
     interp circuits figures results/induction
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,22 +28,44 @@ def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> 
             z = ap[ap.site == "z"]
             one_per_cell = "ci_low" in z and not z.duplicated(["layer", "head"]).any()
             heads = z if one_per_cell else z.groupby(["layer", "head"], as_index=False)["normalized"].mean()
-            written += export(head_heatmap(heads, "normalized", "activation patching: head outputs",
-                                           significance="mark" if one_per_cell else None), figs / "heads_activation", formats)
+            written += export(
+                head_heatmap(
+                    heads,
+                    "normalized",
+                    "activation patching: head outputs",
+                    significance="mark" if one_per_cell else None,
+                ),
+                figs / "heads_activation",
+                formats,
+            )
         resid = ap[ap["position"].notna() & ap["head"].isna()]
         if not resid.empty:
-            written += export(position_heatmap(resid, "normalized", site=resid.site.iloc[0]), figs / "positions_activation", formats)
+            written += export(
+                position_heatmap(resid, "normalized", site=resid.site.iloc[0]), figs / "positions_activation", formats
+            )
     if (folder / "attribution_nodes.csv").exists():
         nodes = load_table(folder, "attribution_nodes")
-        written += export(head_heatmap(nodes[nodes.kind == "head"], "score", "attribution patching (AtP)"), figs / "heads_attribution", formats)
+        written += export(
+            head_heatmap(nodes[nodes.kind == "head"], "score", "attribution patching (AtP)"),
+            figs / "heads_attribution",
+            formats,
+        )
     if (folder / "path_patching.csv").exists():
         pp = load_table(folder, "path_patching")
-        written += export(circuit_graph(pp, top=12, baseline=pp.attrs.get("target_score", 0.0),
-                                        title="path patching: strongest edges"), figs / "circuit_path_patching", formats)
+        written += export(
+            circuit_graph(
+                pp, top=12, baseline=pp.attrs.get("target_score", 0.0), title="path patching: strongest edges"
+            ),
+            figs / "circuit_path_patching",
+            formats,
+        )
     if (folder / "eap_edges.csv").exists():
         eap = load_table(folder, "eap_edges")
-        written += export(circuit_graph(eap, top=12, title="edge attribution patching: strongest edges"),
-                          figs / "circuit_eap", formats)
+        written += export(
+            circuit_graph(eap, top=12, title="edge attribution patching: strongest edges"),
+            figs / "circuit_eap",
+            formats,
+        )
     for name, level in (("faithfulness", "edges"), ("node_faithfulness", "nodes")):
         if (folder / f"{name}.csv").exists():
             curve = load_table(folder, name)
@@ -52,18 +75,27 @@ def write_figures(folder: str | Path, formats=("html", "png", "svg", "pdf")) -> 
                     part = part.drop(columns="stage")
                     part.attrs.update(curve.attrs)
                     sub = None if summary is None else summary[summary.stage == stage]
-                    written += export(faithfulness_plot(part, sub, f"{curve.attrs.get('relation', '')}: faithfulness "
-                                                        f"({stage} fine-tuning)"), figs / f"{name}_{stage}", formats)
+                    written += export(
+                        faithfulness_plot(
+                            part, sub, f"{curve.attrs.get('relation', '')}: faithfulness ({stage} fine-tuning)"
+                        ),
+                        figs / f"{name}_{stage}",
+                        formats,
+                    )
             else:
-                written += export(faithfulness_plot(curve, summary, f"Faithfulness of circuits ({level})"),
-                                  figs / name, formats)
+                written += export(
+                    faithfulness_plot(curve, summary, f"Faithfulness of circuits ({level})"), figs / name, formats
+                )
     if (folder / "relation_circuit.csv").exists():
         rc = load_table(folder, "relation_circuit")
         for stage in ("before", "after"):
             part = rc[(rc.stage == stage) & rc["head"].notna()]
             if not part.empty:
-                written += export(head_heatmap(part, "normalized", f"{rc.attrs.get('relation', '')}: {stage} fine-tuning"),
-                                  figs / f"relation_{stage}", formats)
+                written += export(
+                    head_heatmap(part, "normalized", f"{rc.attrs.get('relation', '')}: {stage} fine-tuning"),
+                    figs / f"relation_{stage}",
+                    formats,
+                )
     if not written:
         raise FileNotFoundError(f"no circuits tables (activation_patching.csv, path_patching.csv, ...) in {folder}")
     return written

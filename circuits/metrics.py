@@ -12,6 +12,7 @@ Any function ``fn(logits)`` or ``fn(logits, pairs)`` is a metric too (wrap it wi
 :func:`as_metric` to have its output checked); it must be differentiable for attribution
 patching.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -46,7 +47,9 @@ class Metric:
             try:
                 out = torch.as_tensor(out, dtype=logits.dtype)
             except Exception as exc:
-                raise MetricError(f"metric {self.name!r} returned {type(out).__name__}; it must return a tensor") from exc
+                raise MetricError(
+                    f"metric {self.name!r} returned {type(out).__name__}; it must return a tensor"
+                ) from exc
         n = len(pairs)
         if out.dim() == 0:
             return out.expand(n)
@@ -97,8 +100,10 @@ class KLToClean(Metric):
     def __call__(self, logits, pairs):
         ref = pairs.clean_logits
         if ref is None:
-            raise ValueError("kl_to_clean needs the clean run's last-token logits in pairs.clean_logits; "
-                             "analyzers fill them in, or use circuits.with_clean_logits(model, pairs)")
+            raise ValueError(
+                "kl_to_clean needs the clean run's last-token logits in pairs.clean_logits; "
+                "analyzers fill them in, or use circuits.with_clean_logits(model, pairs)"
+            )
         logp = torch.log_softmax(_at_last(logits, pairs).float(), -1)
         ref_logp = torch.log_softmax(ref.to(logp.device).float(), -1)
         return (ref_logp.exp() * (ref_logp - logp)).sum(-1)
@@ -109,8 +114,11 @@ class FunctionMetric(Metric):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "metric")
         try:
-            params = [p for p in inspect.signature(fn).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            params = [
+                p
+                for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
             self._with_pairs = len(params) >= 2
         except (TypeError, ValueError):
             self._with_pairs = False
@@ -143,9 +151,13 @@ def as_metric(metric) -> Metric:
             import difflib
 
             near = difflib.get_close_matches(metric, list(BUILTIN), n=3, cutoff=0.3)
-            raise ValueError(f"unknown metric {metric!r}; built-ins are {sorted(BUILTIN)}"
-                             + (f" (did you mean {near[0]!r}?)" if near else ""))
+            raise ValueError(
+                f"unknown metric {metric!r}; built-ins are {sorted(BUILTIN)}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+            )
         return BUILTIN[metric]()
     if callable(metric):
         return FunctionMetric(metric)
-    raise TypeError(f"a metric must be a name {sorted(BUILTIN)}, a Metric or a function of logits; got {type(metric).__name__}")
+    raise TypeError(
+        f"a metric must be a name {sorted(BUILTIN)}, a Metric or a function of logits; got {type(metric).__name__}"
+    )

@@ -11,6 +11,7 @@ Different pairs may have different lengths: pairs are right-padded, and metrics 
 pair's last real token (``Pairs.last``). Per-position results use absolute positions, so
 positions past a short pair's end patch padding and leave that pair unchanged.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -57,8 +58,14 @@ class Pairs:
             return Batch(b.input_ids[index], b.attention_mask[index], b.position_ids[index], b.shift[index])
 
         opt = lambda t: None if t is None else t[index]  # noqa: E731
-        return Pairs(cut(self.clean), cut(self.corrupted), opt(self.answer), opt(self.wrong), self.last[index],
-                     opt(self.clean_logits))
+        return Pairs(
+            cut(self.clean),
+            cut(self.corrupted),
+            opt(self.answer),
+            opt(self.wrong),
+            self.last[index],
+            opt(self.clean_logits),
+        )
 
     def batches(self, size: int):
         for i in range(0, len(self), size):
@@ -73,12 +80,20 @@ class Pairs:
         def rep_batch(b: Batch) -> Batch:
             return Batch(rep(b.input_ids), rep(b.attention_mask), rep(b.position_ids), rep(b.shift))
 
-        return Pairs(rep_batch(self.clean), rep_batch(self.corrupted), rep(self.answer), rep(self.wrong), rep(self.last),
-                     rep(self.clean_logits))
+        return Pairs(
+            rep_batch(self.clean),
+            rep_batch(self.corrupted),
+            rep(self.answer),
+            rep(self.wrong),
+            rep(self.last),
+            rep(self.clean_logits),
+        )
 
     def swapped(self) -> Pairs:
         """Clean and corrupted exchanged (answer and wrong too)."""
-        return replace(self, clean=self.corrupted, corrupted=self.clean, answer=self.wrong, wrong=self.answer, clean_logits=None)
+        return replace(
+            self, clean=self.corrupted, corrupted=self.clean, answer=self.wrong, wrong=self.answer, clean_logits=None
+        )
 
 
 def _token_ids(model, answers, n: int, what: str) -> Tensor | None:
@@ -126,7 +141,9 @@ def make_pairs(
     clean, corrupted = as_prompts(clean), as_prompts(corrupted)  # any input kind, validated in one place
     n_clean, n_corr = len(clean), len(corrupted)
     if n_clean != n_corr:
-        raise ValueError(f"got {n_clean} clean prompts but {n_corr} corrupted ones; patching needs one corrupted prompt per clean prompt")
+        raise ValueError(
+            f"got {n_clean} clean prompts but {n_corr} corrupted ones; patching needs one corrupted prompt per clean prompt"
+        )
     if n_clean == 0:
         raise ValueError("no prompt pairs given")
     cb, cids = _as_batch(model, clean, "clean")

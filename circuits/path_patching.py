@@ -29,6 +29,7 @@ the receiver ``L{l}H{h}.k`` (``h`` the group's first head) patches the group's k
 ``statistics=True`` adds per-edge uncertainty over pairs (mean effect, standard error, bootstrap
 interval, sign-flip p-value; :mod:`circuits.statistics`); ``per_pair_`` holds the per-pair scores.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -78,8 +79,12 @@ def reaches(model, node: Node, receiver: Receiver) -> bool:
     if node.layer < receiver.layer:
         return True
     # same layer: only an attention head feeding the MLP of a sequential block
-    return (node.layer == receiver.layer and node.kind == "head" and receiver.kind == "mlp"
-            and not has_parallel_blocks(model))
+    return (
+        node.layer == receiver.layer
+        and node.kind == "head"
+        and receiver.kind == "mlp"
+        and not has_parallel_blocks(model)
+    )
 
 
 def _head_index(act: Tensor, model, head: int) -> int:
@@ -105,10 +110,20 @@ class PathPatching:
     statistics : ``True`` or a :class:`circuits.Uncertainty`: per-edge intervals and p-values
     """
 
-    def __init__(self, model, metric="logit_diff", senders: Sequence | None = None,
-                 receivers: Sequence = ("logits",), mlps: str = "frozen", direction: str = "corrupted_into_clean",
-                 sender_positions: Sequence[int] | None = None, joint_receivers: bool = False,
-                 batch_size: int = 256, progress: bool | None = None, statistics=False):
+    def __init__(
+        self,
+        model,
+        metric="logit_diff",
+        senders: Sequence | None = None,
+        receivers: Sequence = ("logits",),
+        mlps: str = "frozen",
+        direction: str = "corrupted_into_clean",
+        sender_positions: Sequence[int] | None = None,
+        joint_receivers: bool = False,
+        batch_size: int = 256,
+        progress: bool | None = None,
+        statistics=False,
+    ):
         self.model = model
         self.metric = metric
         self.senders = senders
@@ -143,7 +158,9 @@ class PathPatching:
         n_total = len(pairs)
         edges = [(s, g) for s in self.senders_ for g in self.groups_ if any(reaches(self.model, s, r) for r in g)]
         if not edges:
-            raise ValueError("no sender writes before any receiver reads: choose senders in earlier layers than the receivers")
+            raise ValueError(
+                "no sender writes before any receiver reads: choose senders in earlier layers than the receivers"
+            )
         sums = {e: 0.0 for e in edges}
         kept: dict[tuple, list[Tensor]] = {e: [] for e in edges}
         baseline: list[Tensor] = []
@@ -152,8 +169,9 @@ class PathPatching:
         target_score = source_score = 0.0
         parts = list(pairs.batches(self.batch_size))
         senders = [s for s in self.senders_ if any(e[0] == s for e in edges)]
-        bar = progress_bar(total=len(parts) * len(senders), desc="path patching", unit="sender batches",
-                           progress=self.progress)
+        bar = progress_bar(
+            total=len(parts) * len(senders), desc="path patching", unit="sender batches", progress=self.progress
+        )
         for part in parts:
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             unpatched = metric_of(self.model, target, part, self.metric_)
@@ -183,18 +201,30 @@ class PathPatching:
         for (s, g), total in sums.items():
             score = total / n_total
             r = g[0]
-            out.append({
-                "sender": s.name, "receiver": "+".join(x.name for x in g) if self.joint_receivers else r.name,
-                "sender_layer": s.layer, "sender_head": s.head,
-                "receiver_layer": None if self.joint_receivers else r.layer, "receiver_head": None if self.joint_receivers else r.head,
-                "receiver_input": None if self.joint_receivers else (r.input if r.kind == "head" else r.kind),
-                "score": score, "normalized": (score - target_score) / span if span != 0 else float("nan"),
-            })
+            out.append(
+                {
+                    "sender": s.name,
+                    "receiver": "+".join(x.name for x in g) if self.joint_receivers else r.name,
+                    "sender_layer": s.layer,
+                    "sender_head": s.head,
+                    "receiver_layer": None if self.joint_receivers else r.layer,
+                    "receiver_head": None if self.joint_receivers else r.head,
+                    "receiver_input": None if self.joint_receivers else (r.input if r.kind == "head" else r.kind),
+                    "score": score,
+                    "normalized": (score - target_score) / span if span != 0 else float("nan"),
+                }
+            )
         df = pd.DataFrame(out)
         for col in ("sender_head", "receiver_layer", "receiver_head"):
             df[col] = df[col].astype("Int64")
-        df.attrs.update(metric=self.metric_.name, direction=self.direction, mlps=self.mlps, n_pairs=n_total,
-                        target_score=target_score, source_score=source_score)
+        df.attrs.update(
+            metric=self.metric_.name,
+            direction=self.direction,
+            mlps=self.mlps,
+            n_pairs=n_total,
+            target_score=target_score,
+            source_score=source_score,
+        )
         if self.uncertainty_ is not None:
             self.baseline_ = torch.cat(baseline)
             self.per_pair_ = torch.stack([torch.cat(kept[e]) for e in sums])

@@ -15,6 +15,7 @@ corrects for the number of cells.
 All figures use the toolkit's paper style (:func:`interp.plots.style`) and export with
 :func:`interp.plots.export`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,10 @@ def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significanc
     if significance is None:
         return grid, None
     if rows.duplicated([index, columns]).any():
-        raise ValueError(f"{what}: significance needs one row per cell (intervals cannot be averaged); select one "
-                         "site (and receiver) before plotting")
+        raise ValueError(
+            f"{what}: significance needs one row per cell (intervals cannot be averaged); select one "
+            "site (and receiver) before plotting"
+        )
     sig = rows.assign(_sig=significant(rows, by)).groupby([index, columns])["_sig"].first().unstack(columns)
     return grid, sig.reindex(index=grid.index, columns=grid.columns).fillna(False).astype(bool)
 
@@ -54,17 +57,33 @@ def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     lim = lim or 1.0
     shown = np.where(sig.to_numpy(), z, np.nan) if significance == "mask" else z
-    fig = go.Figure(go.Heatmap(z=shown, x=x, y=y, colorscale=DIVERGING, zmid=0, zmin=-lim, zmax=lim,
-                               colorbar=dict(title=value)))
+    fig = go.Figure(
+        go.Heatmap(z=shown, x=x, y=y, colorscale=DIVERGING, zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title=value))
+    )
     if significance is not None:
         rr, cc = np.nonzero(~sig.to_numpy())
         if significance == "mark":
-            fig.add_trace(go.Scatter(x=[x[c] for c in cc], y=[y[r] for r in rr], mode="markers", name="not significant",
-                                     marker=dict(symbol="x-thin", size=10, line=dict(width=1.5, color="black")),
-                                     showlegend=True, hoverinfo="skip"))
-        fig.add_annotation(text=f"{'blank' if significance == 'mask' else 'crossed'}: not significant, {len(rr)} of "
-                           f"{z.size} cells ({note})", xref="paper", yref="paper", x=0, y=-0.18, showarrow=False,
-                           font=dict(size=11))
+            fig.add_trace(
+                go.Scatter(
+                    x=[x[c] for c in cc],
+                    y=[y[r] for r in rr],
+                    mode="markers",
+                    name="not significant",
+                    marker=dict(symbol="x-thin", size=10, line=dict(width=1.5, color="black")),
+                    showlegend=True,
+                    hoverinfo="skip",
+                )
+            )
+        fig.add_annotation(
+            text=f"{'blank' if significance == 'mask' else 'crossed'}: not significant, {len(rr)} of "
+            f"{z.size} cells ({note})",
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=-0.18,
+            showarrow=False,
+            font=dict(size=11),
+        )
     return fig
 
 
@@ -75,8 +94,14 @@ def _note(df: pd.DataFrame, by: str) -> str:
     return f"{level}% CI covers 0 or p >= {1 - level / 100:.2f}; {pairs} pairs; {scope}"
 
 
-def head_heatmap(df: pd.DataFrame, value: str = "score", title: str | None = None, size: str = "one-column",
-                 significance: str | None = None, by: str = "p_value") -> go.Figure:
+def head_heatmap(
+    df: pd.DataFrame,
+    value: str = "score",
+    title: str | None = None,
+    size: str = "one-column",
+    significance: str | None = None,
+    by: str = "p_value",
+) -> go.Figure:
     """Layer x head heatmap of ``value`` (rows with a head; other rows ignored).
 
     ``significance``: ``"mask"`` blanks, ``"mark"`` crosses the cells that are not significant
@@ -84,18 +109,34 @@ def head_heatmap(df: pd.DataFrame, value: str = "score", title: str | None = Non
     _require(df, ["layer", "head", value], "head_heatmap")
     heads = df[df["head"].notna()]
     if heads.empty:
-        raise ValueError("head_heatmap: no per-head rows in the DataFrame (patch site 'z', 'q', 'k' or 'v', or use node scores)")
+        raise ValueError(
+            "head_heatmap: no per-head rows in the DataFrame (patch site 'z', 'q', 'k' or 'v', or use node scores)"
+        )
     grid, sig = _grids(heads, "layer", "head", value, significance, "head_heatmap", by)
-    fig = _heatmap(grid, sig, [f"H{int(h)}" for h in grid.columns], [f"L{int(l)}" for l in grid.index], value,
-                   significance, _note(df, by))
+    fig = _heatmap(
+        grid,
+        sig,
+        [f"H{int(h)}" for h in grid.columns],
+        [f"L{int(l)}" for l in grid.index],
+        value,
+        significance,
+        _note(df, by),
+    )
     fig.update_layout(title=title or f"{value} by layer and head", xaxis_title="head", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)
 
 
-def position_heatmap(df: pd.DataFrame, value: str = "score", site: str | None = None, tokens=None,
-                     title: str | None = None, size: str = "two-column", significance: str | None = None,
-                     by: str = "p_value") -> go.Figure:
+def position_heatmap(
+    df: pd.DataFrame,
+    value: str = "score",
+    site: str | None = None,
+    tokens=None,
+    title: str | None = None,
+    size: str = "two-column",
+    significance: str | None = None,
+    by: str = "p_value",
+) -> go.Figure:
     """Layer x position heatmap for a per-position activation patching result (``significance``
     as in :func:`head_heatmap`)."""
     _require(df, ["layer", "position", value], "position_heatmap")
@@ -127,8 +168,14 @@ def _node_xy(name: str, layer: int, n_heads: int) -> tuple[float, float]:
     return (float(head) + shift, float(layer))
 
 
-def circuit_graph(edges: pd.DataFrame, top: int = 20, value: str = "score", baseline: float = 0.0,
-                  title: str | None = None, size: str = "one-column") -> go.Figure:
+def circuit_graph(
+    edges: pd.DataFrame,
+    top: int = 20,
+    value: str = "score",
+    baseline: float = 0.0,
+    title: str | None = None,
+    size: str = "one-column",
+) -> go.Figure:
     """The ``top`` edges by ``|value - baseline|`` as a layered graph (width and colour: effect).
 
     For path patching, pass ``baseline=df.attrs["target_score"]`` so an edge's effect is its
@@ -139,8 +186,11 @@ def circuit_graph(edges: pd.DataFrame, top: int = 20, value: str = "score", base
         raise ValueError("circuit_graph: no edges")
     e = edges.assign(effect=edges[value] - baseline)
     e = e.reindex(e["effect"].abs().sort_values(ascending=False).index).head(top)
-    n_heads = int(max(pd.concat([edges["sender_head"], edges["receiver_head"]]).dropna().max() + 1, 1)) \
-        if "receiver_head" in edges else 4
+    n_heads = (
+        int(max(pd.concat([edges["sender_head"], edges["receiver_head"]]).dropna().max() + 1, 1))
+        if "receiver_head" in edges
+        else 4
+    )
     lim = float(e["effect"].abs().max()) or 1.0
     fig = go.Figure()
     pos = {}
@@ -153,29 +203,60 @@ def circuit_graph(edges: pd.DataFrame, top: int = 20, value: str = "score", base
         colour = PALETTE[5] if row.effect < 0 else PALETTE[0]
         width = 1 + 7 * abs(row.effect) / lim
         label = f"{row.sender} → {row.receiver}: {row.effect:+.3g}"
-        fig.add_trace(go.Scatter(x=[s[0], r[0]], y=[s[1], r[1]], mode="lines", line=dict(color=colour, width=width),
-                                 hoverinfo="text", text=[label, label], showlegend=False))
+        fig.add_trace(
+            go.Scatter(
+                x=[s[0], r[0]],
+                y=[s[1], r[1]],
+                mode="lines",
+                line=dict(color=colour, width=width),
+                hoverinfo="text",
+                text=[label, label],
+                showlegend=False,
+            )
+        )
     mids = []
     for r in e.itertuples():
         a = _node_xy(r.sender, int(r.sender_layer), n_heads)
         r_layer = r.receiver_layer if pd.notna(r.receiver_layer) else edges["sender_layer"].max() + 1
         b = _node_xy(r.receiver, int(r_layer), n_heads)
-        mids.append((a[0] * 0.3 + b[0] * 0.7, a[1] * 0.3 + b[1] * 0.7, r.receiver.split(".")[1] if "." in r.receiver else ""))
-    fig.add_trace(go.Scatter(x=[m[0] for m in mids], y=[m[1] for m in mids], mode="text", text=[m[2] for m in mids],
-                             textfont=dict(size=16, color="black"), showlegend=False, hoverinfo="skip"))
+        mids.append(
+            (a[0] * 0.3 + b[0] * 0.7, a[1] * 0.3 + b[1] * 0.7, r.receiver.split(".")[1] if "." in r.receiver else "")
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=[m[0] for m in mids],
+            y=[m[1] for m in mids],
+            mode="text",
+            text=[m[2] for m in mids],
+            textfont=dict(size=16, color="black"),
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
     names = list(pos)
-    fig.add_trace(go.Scatter(x=[pos[n][0] for n in names], y=[pos[n][1] for n in names], mode="markers+text",
-                             text=names, textposition="top center", marker=dict(size=14, color="white",
-                             line=dict(color="black", width=1.5)), showlegend=False, hoverinfo="text"))
-    fig.update_layout(title=title or f"strongest {len(e)} edges ({value}; blue raises, orange lowers the metric)",
-                      xaxis=dict(visible=False, range=[min(p[0] for p in pos.values()) - 0.6,
-                                                       max(p[0] for p in pos.values()) + 0.6]),
-                      yaxis=dict(title="layer", zeroline=False))
+    fig.add_trace(
+        go.Scatter(
+            x=[pos[n][0] for n in names],
+            y=[pos[n][1] for n in names],
+            mode="markers+text",
+            text=names,
+            textposition="top center",
+            marker=dict(size=14, color="white", line=dict(color="black", width=1.5)),
+            showlegend=False,
+            hoverinfo="text",
+        )
+    )
+    fig.update_layout(
+        title=title or f"strongest {len(e)} edges ({value}; blue raises, orange lowers the metric)",
+        xaxis=dict(visible=False, range=[min(p[0] for p in pos.values()) - 0.6, max(p[0] for p in pos.values()) + 0.6]),
+        yaxis=dict(title="layer", zeroline=False),
+    )
     return style(fig, size)
 
 
-def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, title: str | None = None,
-                      size: str = "one-column") -> go.Figure:
+def faithfulness_plot(
+    curve: pd.DataFrame, summary: pd.DataFrame | None = None, title: str | None = None, size: str = "one-column"
+) -> go.Figure:
     """Faithfulness against circuit size for each method, with the random circuits' mean and range
     as a band; ``summary`` (``Faithfulness.summary_``) adds each method's CPR and CMD as a caption.
 
@@ -189,18 +270,47 @@ def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, 
     if not rand.empty:
         band = rand.groupby("fraction").faithfulness.agg(["mean", "min", "max"]).reset_index()
         n = rand["draw"].nunique()
-        fig.add_trace(go.Scatter(x=band.fraction, y=band["max"], mode="lines", line=dict(width=0), showlegend=False,
-                                 hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=band.fraction, y=band["min"], mode="lines", line=dict(width=0), fill="tonexty",
-                                 fillcolor="rgba(150,150,150,0.3)", showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=band.fraction, y=band["mean"], mode="lines", name=f"random ({n})",
-                                 line=dict(color="grey", dash="dash")))
+        fig.add_trace(
+            go.Scatter(
+                x=band.fraction, y=band["max"], mode="lines", line=dict(width=0), showlegend=False, hoverinfo="skip"
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=band.fraction,
+                y=band["min"],
+                mode="lines",
+                line=dict(width=0),
+                fill="tonexty",
+                fillcolor="rgba(150,150,150,0.3)",
+                showlegend=False,
+                hoverinfo="skip",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=band.fraction,
+                y=band["mean"],
+                mode="lines",
+                name=f"random ({n})",
+                line=dict(color="grey", dash="dash"),
+            )
+        )
     methods = [m for m in curve.method.unique() if m != "random"]
     for i, name in enumerate(methods):
         g = curve[curve.method == name].drop_duplicates("n_items").sort_values("fraction")
         hover = [f"{name}: {k} items ({f:.1%}), f = {v:.3f}" for k, f, v in zip(g.n_items, g.fraction, g.faithfulness)]
-        fig.add_trace(go.Scatter(x=g.fraction, y=g.faithfulness, mode="lines+markers", name=name,
-                                 line=dict(color=PALETTE[i % len(PALETTE)]), text=hover, hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=g.fraction,
+                y=g.faithfulness,
+                mode="lines+markers",
+                name=name,
+                line=dict(color=PALETTE[i % len(PALETTE)]),
+                text=hover,
+                hoverinfo="text",
+            )
+        )
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
     caption = ""
     if summary is not None and not summary.empty:
@@ -210,13 +320,26 @@ def faithfulness_plot(curve: pd.DataFrame, summary: pd.DataFrame | None = None, 
             parts.append(f"random {r.random_cpr_mean:.3f} (SD {r.random_cpr_sd:.3f}) / {r.random_cmd_mean:.3f}")
         caption = "<br>".join(["CPR / CMD: " + parts[0], *parts[1:]])
     level = curve.attrs.get("level", "edge")
-    fig.update_layout(title=title or "Circuit faithfulness",
-                      xaxis_title=f"circuit size (fraction of the {n_total} {level}s kept)", yaxis_title="faithfulness f(C)")
+    fig.update_layout(
+        title=title or "Circuit faithfulness",
+        xaxis_title=f"circuit size (fraction of the {n_total} {level}s kept)",
+        yaxis_title="faithfulness f(C)",
+    )
     fig.update_xaxes(type="log")
     fig = style(fig, size)
     if caption:
         lines = caption.count("<br>") + 1
-        fig.add_annotation(text=caption, xref="paper", yref="paper", x=0, y=-0.2, xanchor="left", yanchor="top",
-                           showarrow=False, align="left", font=dict(size=11))
+        fig.add_annotation(
+            text=caption,
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=-0.2,
+            xanchor="left",
+            yanchor="top",
+            showarrow=False,
+            align="left",
+            font=dict(size=11),
+        )
         fig.update_layout(margin=dict(b=90 + 16 * lines))
     return fig

@@ -3,6 +3,7 @@
 Everything here goes through ``Model.run(batch, hooks)``, so every analyzer runs unchanged on
 both backends (TransformerLens ``TransformerBridge`` and nnsight).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -67,8 +68,7 @@ def blocks(logits: Tensor, pairs: Pairs, metric: Metric, k: int) -> Tensor:
 
 
 @torch.no_grad()
-def metric_of(model, batch: Batch, pairs: Pairs, metric: Metric,
-              hooks: Mapping[str, Callable] | None = None) -> Tensor:
+def metric_of(model, batch: Batch, pairs: Pairs, metric: Metric, hooks: Mapping[str, Callable] | None = None) -> Tensor:
     return metric.reduce(model.run(batch, hooks), pairs).detach()
 
 

@@ -39,6 +39,7 @@ not by ``cells x draws x n``. The total is checked against ``max_bytes`` before 
 pass; the forward passes are the same as without statistics
 (``benchmarks/patching_statistics.py`` measures the difference).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -151,8 +152,12 @@ def sign_flip_p(effects: torch.Tensor, config: Uncertainty) -> torch.Tensor:
         denom, plus = float(signs.shape[0]), 0.0
     else:
         gen = generator(config.seed, "permutation")
-        signs = torch.cat([torch.randint(0, 2, (min(CHUNK, config.n_permutations - s), n), generator=gen).float() * 2 - 1
-                           for s in range(0, config.n_permutations, CHUNK)])
+        signs = torch.cat(
+            [
+                torch.randint(0, 2, (min(CHUNK, config.n_permutations - s), n), generator=gen).float() * 2 - 1
+                for s in range(0, config.n_permutations, CHUNK)
+            ]
+        )
         denom, plus = config.n_permutations + 1.0, 1.0
     out = []
     for x in _blocks(x_all):
@@ -195,8 +200,16 @@ def summarize(effects: torch.Tensor, config: Uncertainty) -> pd.DataFrame:
     low, high = bootstrap_ci(x, config)
     p = sign_flip_p(x, config).numpy()
     stderr = x.std(-1, correction=1) / math.sqrt(n) if n > 1 else torch.full(x.shape[:-1], float("nan"))
-    return pd.DataFrame({"effect": x.mean(-1).numpy(), "stderr": stderr.numpy(), "ci_low": low.numpy(),
-                         "ci_high": high.numpy(), "p_value": p, "p_fdr": fdr(p)})
+    return pd.DataFrame(
+        {
+            "effect": x.mean(-1).numpy(),
+            "stderr": stderr.numpy(),
+            "ci_low": low.numpy(),
+            "ci_high": high.numpy(),
+            "p_value": p,
+            "p_fdr": fdr(p),
+        }
+    )
 
 
 def attach(df: pd.DataFrame, effects: torch.Tensor, config: Uncertainty) -> pd.DataFrame:
@@ -204,9 +217,14 @@ def attach(df: pd.DataFrame, effects: torch.Tensor, config: Uncertainty) -> pd.D
     stats = summarize(effects, config)
     out = pd.concat([df.reset_index(drop=True), stats], axis=1)
     out.attrs.update(df.attrs)
-    out.attrs.update(confidence=config.confidence, n_resamples=config.n_resamples,
-                     n_permutations=config.n_permutations, statistics_seed=config.seed,
-                     p_exact=effects.shape[-1] <= EXACT_MAX_N, statistics_pairs=int(effects.shape[-1]))
+    out.attrs.update(
+        confidence=config.confidence,
+        n_resamples=config.n_resamples,
+        n_permutations=config.n_permutations,
+        statistics_seed=config.seed,
+        p_exact=effects.shape[-1] <= EXACT_MAX_N,
+        statistics_pairs=int(effects.shape[-1]),
+    )
     return out
 
 

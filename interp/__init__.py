@@ -4,6 +4,7 @@
 >>> model = interp.load_model("world")                      # the embedded default
 >>> acts = interp.capture(model, ["Vorn Kallit lives in"], sites=model.sites[:3])
 """
+
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .capture import Activations, capture
 from .models import Model, ModelNotFoundError, load_model, register_model, registered_models

@@ -11,6 +11,7 @@ Adding an architecture is adding one entry to :data:`ARCHITECTURES` (and its ``m
 :data:`MODEL_TYPES`); nothing else in the toolkit changes. The TransformerLens backend does not
 use this table: ``TransformerBridge`` already exposes these names.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -139,34 +140,49 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gpt2": Architecture(
         "gpt2",
         _decoder(
-            "h", "wte", "ln_f", "attn",
+            "h",
+            "wte",
+            "ln_f",
+            "attn",
             {f"attn.hook_{c}": Location("h.{l}.attn.c_attn", "output", _fused_split(i)) for i, c in enumerate("qkv")},
-            "attn.c_proj", "mlp", resid_mid="ln_2", pos_embed="wpe",
+            "attn.c_proj",
+            "mlp",
+            resid_mid="ln_2",
+            pos_embed="wpe",
         ),
         layers="h",
     ),
     "gpt_neox": Architecture(
         "gpt_neox",
         _decoder(
-            "layers", "embed_in", "final_layer_norm", "attention",
+            "layers",
+            "embed_in",
+            "final_layer_norm",
+            "attention",
             {
                 f"attn.hook_{c}": Location("layers.{l}.attention.query_key_value", "output", _fused_interleaved(i))
                 for i, c in enumerate("qkv")
             },
-            "attention.dense", "mlp",
+            "attention.dense",
+            "mlp",
         ),
         layers="layers",
     ),
     "llama": Architecture(
         "llama",
         _decoder(
-            "layers", "embed_tokens", "norm", "self_attn",
+            "layers",
+            "embed_tokens",
+            "norm",
+            "self_attn",
             {
                 "attn.hook_q": Location("layers.{l}.self_attn.q_proj", "output", _heads()),
                 "attn.hook_k": Location("layers.{l}.self_attn.k_proj", "output", _heads(kv=True)),
                 "attn.hook_v": Location("layers.{l}.self_attn.v_proj", "output", _heads(kv=True)),
             },
-            "self_attn.o_proj", "mlp", resid_mid="post_attention_layernorm",
+            "self_attn.o_proj",
+            "mlp",
+            resid_mid="post_attention_layernorm",
         ),
         layers="layers",
     ),

@@ -14,6 +14,7 @@ Returned shapes: ``[n, ...site]`` for a single position per prompt (``"last"``,
 ``[n, max_len, ...site]`` for ``"all"`` (zero-padded at the end; ``Activations.mask`` marks real
 tokens). ``...site`` is ``d_model`` or ``head, d_head``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,9 +79,11 @@ def capture(
         return Activations(data, prompts, positions, mask)
 
     if getattr(model, "_standing", ()):
-        raise ValueError("a capture to a store is keyed by the model's weights, and this handle also intervenes on every "
-                         "forward pass (model.intervened): its activations would be confused with the plain model's; "
-                         "capture it in memory (no store=)")
+        raise ValueError(
+            "a capture to a store is keyed by the model's weights, and this handle also intervenes on every "
+            "forward pass (model.intervened): its activations would be confused with the plain model's; "
+            "capture it in memory (no store=)"
+        )
     if not isinstance(store, ActivationStore):
         store = ActivationStore(store)
     key = {
@@ -107,7 +110,6 @@ def data_hash(prompts: Sequence[Prompt], positions: PositionSpec) -> str:
     rows = [[p.text, p.subject] if p.ids is None else list(p.ids) for p in prompts]
     payload = json.dumps({"prompts": rows, "positions": positions}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
 
 
 class _Job:

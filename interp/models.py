@@ -17,6 +17,7 @@ and returns a :class:`Model`: tokenizer, dimensions, the list of valid sites, an
 :meth:`Model.run` (forward pass with read/write hooks at sites), the single primitive every
 analyzer uses.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -159,7 +160,9 @@ class Model:
         batch = self._on_device(inputs, padding_side)
         if hooks:
             self.check_sites(list(hooks))
-        return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, hooks))
+        return self.backend.run(
+            batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, hooks)
+        )
 
     def forward(self, inputs, padding_side: str | None = None) -> Float[torch.Tensor, "batch pos vocab"]:
         """Logits of a forward pass (with this handle's standing interventions, if any; no other
@@ -167,7 +170,9 @@ class Model:
         :class:`~interp.tokens.Batch`."""
         batch = self._on_device(inputs, padding_side)
         if self._standing:
-            return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, None))
+            return self.backend.run(
+                batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, None)
+            )
         return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)
 
     def intervened(self, site: str, fn: Callable[[torch.Tensor, Batch], torch.Tensor | None]) -> Model:
@@ -199,8 +204,9 @@ class Model:
             self._scoring = scoring_for(self)
         return self._scoring
 
-    def logprobs(self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
-                 ) -> Float[torch.Tensor, "prompt candidate"]:
+    def logprobs(
+        self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+    ) -> Float[torch.Tensor, "prompt candidate"]:
         """Log-probability of each candidate after each prompt: as a whole token sequence
         continuing it (causal LMs) or in a masked slot after it (encoders); see :mod:`interp.scoring`."""
         return self.scoring.logprobs(prompts, candidates, batch_size)
@@ -227,13 +233,19 @@ class Model:
         """``log p(token_i | tokens before it)`` for every token of ``text`` after its first
         (causal LMs only)."""
         if self.scoring.kind != "continuation":
-            raise TypeError(f"token log-probabilities need a causal LM; {self.name} is a {self.model_type} encoder "
-                            "(use model.scoring.frequency for a frequency proxy)")
+            raise TypeError(
+                f"token log-probabilities need a causal LM; {self.name} is a {self.model_type} encoder "
+                "(use model.scoring.frequency for a frequency proxy)"
+            )
         ids = self.tokenizer(text)["input_ids"]
         if len(ids) < 2:
             return torch.zeros(0)
         logits = self.forward(pad([Encoded(ids, [])], self.pad_token_id))[0].float()
-        return torch.log_softmax(logits[:-1], -1).gather(1, torch.tensor(ids[1:], device=logits.device)[:, None])[:, 0].cpu()
+        return (
+            torch.log_softmax(logits[:-1], -1)
+            .gather(1, torch.tensor(ids[1:], device=logits.device)[:, None])[:, 0]
+            .cpu()
+        )
 
     def trainable_copy(self, lora: LoraSpec | None = None, freeze_embeddings: bool = False) -> Model:
         """A handle on a deep copy of the weights that trains: in full (embedding tables frozen if
@@ -323,8 +335,10 @@ def load_model(
             return load_model(spec.source, backend, **kwargs)  # the weights as saved, not as a backend rewrote them
         original = spec.backend.source_module
         if original is None:
-            raise ValueError(f"this {spec.backend_name} model has no HuggingFace module or directory to load through "
-                             f"the {backend} backend")
+            raise ValueError(
+                f"this {spec.backend_name} model has no HuggingFace module or directory to load through "
+                f"the {backend} backend"
+            )
         return load_model(original, backend, **kwargs)
     if isinstance(spec, (str, os.PathLike)):
         path = resolve_path(spec)
@@ -337,11 +351,15 @@ def load_model(
         return Model(loaded, tok, name or default_name)
     others = [b for b in BACKENDS if b != backend and backend_class(b).accepts(spec)]
     if others:
-        raise ValueError(f"the {backend} backend cannot load a {type(spec).__name__}: only the {others[0]} backend "
-                         f"can; pass backend={others[0]!r}")
-    raise TypeError(f"no backend can load a {type(spec).__name__}. Pass a registered name "
-                    f"({', '.join(registered_models()) or 'none'}), a local directory, a hub name, or "
-                    f"{cls.accepts_description}")
+        raise ValueError(
+            f"the {backend} backend cannot load a {type(spec).__name__}: only the {others[0]} backend "
+            f"can; pass backend={others[0]!r}"
+        )
+    raise TypeError(
+        f"no backend can load a {type(spec).__name__}. Pass a registered name "
+        f"({', '.join(registered_models()) or 'none'}), a local directory, a hub name, or "
+        f"{cls.accepts_description}"
+    )
 
 
 #: model names -> a function returning the model's local directory. The foundation knows no
@@ -401,6 +419,7 @@ def resolve_path(spec: str | os.PathLike) -> Path:
 
 def _compose(standing: Callable, user: HookFn | None, batch: Batch) -> HookFn:
     """A hook applying ``standing(act, batch)`` and then ``user`` (a reader or writer) to its result."""
+
     def hook(act):
         new = standing(act, batch)
         act = act if new is None else new

@@ -9,6 +9,7 @@ skipped with one clear warning per process (how to enable them; ``interp figures
 later), and the HTML is still written. HTML figures share one ``plotly.min.js`` per folder
 (plotly's ``include_plotlyjs="directory"``: 4.8 MB once, not in every file); they open offline.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,14 @@ def style(fig: go.Figure, size: str = "one-column") -> go.Figure:
     if size not in SIZES:
         raise ValueError(f"unknown figure size {size!r}; choose one of {', '.join(SIZES)}")
     width, height = SIZES[size]
-    fig.update_layout(template="simple_white", font=dict(family="Arial, Helvetica, sans-serif", size=18),
-                      colorway=PALETTE, width=width, height=height, margin=dict(l=70, r=30, t=60, b=60))
+    fig.update_layout(
+        template="simple_white",
+        font=dict(family="Arial, Helvetica, sans-serif", size=18),
+        colorway=PALETTE,
+        width=width,
+        height=height,
+        margin=dict(l=70, r=30, t=60, b=60),
+    )
     return fig
 
 
@@ -48,9 +55,11 @@ class ExportError(RuntimeError):
 
 
 #: what to do when no Chromium is available, said once per process
-STATIC_HELP = ("static figures (PNG, SVG, PDF) were skipped: kaleido needs a Chrome/Chromium. Install one (Debian: "
-               "`apt-get install -y chromium`) or set BROWSER_PATH to its binary, then run `interp figures DIR` on the "
-               "results folder to add them; the HTML figures were written")
+STATIC_HELP = (
+    "static figures (PNG, SVG, PDF) were skipped: kaleido needs a Chrome/Chromium. Install one (Debian: "
+    "`apt-get install -y chromium`) or set BROWSER_PATH to its binary, then run `interp figures DIR` on the "
+    "results folder to add them; the HTML figures were written"
+)
 _warned_static = False
 
 
@@ -75,8 +84,12 @@ kaleido.write_fig_from_object_sync([{"fig": fig, "path": p, "opts": {"format": f
 """
 
 
-def export(fig: go.Figure, stem: str | Path, formats: Iterable[str] = ("html", "png", "svg", "pdf"),
-           missing_browser: str = "warn") -> list[Path]:
+def export(
+    fig: go.Figure,
+    stem: str | Path,
+    formats: Iterable[str] = ("html", "png", "svg", "pdf"),
+    missing_browser: str = "warn",
+) -> list[Path]:
     """Write ``fig`` as ``stem.<format>`` for each format; returns the paths written.
 
     Static formats are rendered by kaleido in a child process, all formats of the figure in one
@@ -113,8 +126,13 @@ def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
         err, hung = "", False
         for _attempt in range(2):
             # its own process group, so that a hung export's browser is killed with it
-            proc = subprocess.Popen([sys.executable, "-c", _EXPORT_CHILD, str(spec)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _EXPORT_CHILD, str(spec)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             try:
                 _, stderr = proc.communicate(timeout=EXPORT_TIMEOUT)
             except subprocess.TimeoutExpired:
@@ -127,6 +145,12 @@ def _export_static(fig: go.Figure, targets: list[tuple[str, Path]]) -> None:
             err, hung = (stderr.strip().splitlines() or ["no output"])[-1], False
             break
     names = ", ".join(p.name for _, p in targets)
-    hint = "" if hung else (" kaleido needs Chromium: on Debian `apt-get install -y chromium`, or set BROWSER_PATH to a "
-                            "Chrome/Chromium binary.")
+    hint = (
+        ""
+        if hung
+        else (
+            " kaleido needs Chromium: on Debian `apt-get install -y chromium`, or set BROWSER_PATH to a "
+            "Chrome/Chromium binary."
+        )
+    )
     raise ExportError(f"static export to {names} failed ({err}).{hint}", hung=hung)

@@ -10,6 +10,7 @@ it, ``None`` (the default) decides by where stderr goes:
   command line configures logging so these lines appear; a library user sees them after
   ``logging.basicConfig(level=logging.INFO)``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,14 @@ class LogProgress:
     """A progress bar's interface (iterate, ``update``, ``set_postfix``, ``close``) that writes a
     log line at an interval instead of redrawing a bar."""
 
-    def __init__(self, iterable: Iterable | None = None, total: int | None = None, desc: str = "",
-                 unit: str = "it", interval: float | None = None):
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        total: int | None = None,
+        desc: str = "",
+        unit: str = "it",
+        interval: float | None = None,
+    ):
         self.iterable = iterable
         self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
         self.desc, self.unit = desc, unit
@@ -99,8 +106,15 @@ class LogProgress:
         logger.info(", ".join(parts))
 
 
-def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "", unit: str = "it",
-                 progress: bool | None = None, threshold: int = 0):
+def progress_bar(
+    iterable: Iterable | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    unit: str = "it",
+    progress: bool | None = None,
+    threshold: int = 0,
+):
     """A progress display for a loop, by the module's rule: a tqdm bar on a terminal, log lines in
     a log, nothing when ``progress=False`` (or for at most ``threshold`` items when ``None``)."""
     n = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)

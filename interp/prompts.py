@@ -8,6 +8,7 @@ point (capture, ``Model.run``/``read``/``forward``, patching pairs, Jacobians, p
   right-padded: the mask says which tokens are real). Token ids need no tokenizer; having no text,
   they support the positions ``"last"``, ``"all"`` and integers, not subject positions.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -63,9 +64,16 @@ def _token_rows(inputs: Any) -> list[list[int]] | None:
     mask = None
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
         inputs, mask = inputs["input_ids"], inputs.get("attention_mask")
-    elif not (isinstance(inputs, torch.Tensor) or (isinstance(inputs, (list, tuple)) and inputs
-                                                    and isinstance(inputs[0], (list, tuple, torch.Tensor))
-                                                    and len(inputs[0]) > 0 and _is_int(inputs[0][0]))):
+    elif not (
+        isinstance(inputs, torch.Tensor)
+        or (
+            isinstance(inputs, (list, tuple))
+            and inputs
+            and isinstance(inputs[0], (list, tuple, torch.Tensor))
+            and len(inputs[0]) > 0
+            and _is_int(inputs[0][0])
+        )
+    ):
         return None
     if mask is None and isinstance(inputs, (list, tuple)) and not isinstance(inputs[0], torch.Tensor):
         rows = [list(r) for r in inputs]  # ragged lists of ids: one prompt each
@@ -101,12 +109,16 @@ def _one(item: Any, index: int) -> Prompt:
     elif isinstance(item, dict):
         text = item.get("prompt", item.get("text"))
         if text is None:
-            raise ValueError(f"prompt {index}: a dict/DataFrame row needs a 'prompt' or 'text' key, got keys {sorted(item)}")
+            raise ValueError(
+                f"prompt {index}: a dict/DataFrame row needs a 'prompt' or 'text' key, got keys {sorted(item)}"
+            )
         prompt = Prompt(text, item.get("subject"))
     elif isinstance(item, (tuple, list)) and len(item) == 2:
         prompt = Prompt(*item)
     else:
-        raise TypeError(f"prompt {index}: cannot read {item!r} as a prompt; pass a string, Prompt(text, subject) or (text, subject)")
+        raise TypeError(
+            f"prompt {index}: cannot read {item!r} as a prompt; pass a string, Prompt(text, subject) or (text, subject)"
+        )
     if not isinstance(prompt.text, str) or not prompt.text:
         raise ValueError(f"prompt {index} is empty; every prompt needs at least one token of text")
     return prompt

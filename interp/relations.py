@@ -7,6 +7,7 @@ properties}``), and the project's own JSON format (:meth:`Relation.save` / :func
 ``{}`` for the subject (or a per-sample ``prompt`` overrides it). The LRE relations ship with
 the package: ``load_relations(lre_dir() / "factual")``.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,9 +36,13 @@ class Relation:
 
     def __post_init__(self):
         if len(self.subjects) != len(self.answers):
-            raise RelationError(f"relation {self.name!r}: {len(self.subjects)} subjects but {len(self.answers)} answers")
+            raise RelationError(
+                f"relation {self.name!r}: {len(self.subjects)} subjects but {len(self.answers)} answers"
+            )
         if self.prompts_override is None and "{}" not in self.template:
-            raise RelationError(f"relation {self.name!r}: template {self.template!r} has no '{{}}' where the subject goes")
+            raise RelationError(
+                f"relation {self.name!r}: template {self.template!r} has no '{{}}' where the subject goes"
+            )
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -52,15 +57,23 @@ class Relation:
         return sorted(set(self.answers))
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"relation": self.name, "subject": self.subjects, "answer": self.answers,
-                             "prompt": [p.text for p in self.prompts()]})
+        return pd.DataFrame(
+            {
+                "relation": self.name,
+                "subject": self.subjects,
+                "answer": self.answers,
+                "prompt": [p.text for p in self.prompts()],
+            }
+        )
 
     def save(self, path: str | Path) -> None:
         samples = [{"subject": s, "answer": a} for s, a in zip(self.subjects, self.answers)]
         if self.prompts_override is not None:
             for d, p in zip(samples, self.prompts_override):
                 d["prompt"] = p
-        write_json({"name": self.name, "template": self.template, "samples": samples, "properties": self.properties}, path)
+        write_json(
+            {"name": self.name, "template": self.template, "samples": samples, "properties": self.properties}, path
+        )
 
 
 def _from_dict(d: dict, source: str) -> Relation:
@@ -72,27 +85,45 @@ def _from_dict(d: dict, source: str) -> Relation:
         raise RelationError(f"{source}: a relation file needs 'name' and 'samples'; missing {missing}")
     samples = d["samples"]
     if not isinstance(samples, list) or not samples:
-        raise RelationError(f"{source}: $.samples must be a non-empty list of {{subject, answer}} objects "
-                            f"(found {type(samples).__name__} of length {len(samples) if hasattr(samples, '__len__') else '?'})")
+        raise RelationError(
+            f"{source}: $.samples must be a non-empty list of {{subject, answer}} objects "
+            f"(found {type(samples).__name__} of length {len(samples) if hasattr(samples, '__len__') else '?'})"
+        )
     lre = "prompt_templates" in d
     answer_key = "object" if lre else "answer"
     for i, smp in enumerate(samples):
         if not isinstance(smp, dict):
-            raise RelationError(f"{source}: $.samples[{i}] must be an object with 'subject' and {answer_key!r}, found {smp!r}")
+            raise RelationError(
+                f"{source}: $.samples[{i}] must be an object with 'subject' and {answer_key!r}, found {smp!r}"
+            )
         for key in ("subject", answer_key):
             if not isinstance(smp.get(key), str) or not smp.get(key).strip():
-                raise RelationError(f"{source}: $.samples[{i}].{key} must be a non-empty string, found {smp.get(key)!r}"
-                                    + (f" (keys there: {sorted(smp)})" if key not in smp else ""))
+                raise RelationError(
+                    f"{source}: $.samples[{i}].{key} must be a non-empty string, found {smp.get(key)!r}"
+                    + (f" (keys there: {sorted(smp)})" if key not in smp else "")
+                )
     if lre:  # LRE format
         templates = d["prompt_templates"] or d.get("prompt_templates_zs") or []
         if not templates:
             raise RelationError(f"{source}: $.prompt_templates of LRE relation {d['name']!r} is empty")
-        return Relation(d["name"], [s["subject"] for s in samples], [s["object"] for s in samples],
-                        templates[0], None, dict(d.get("properties", {}), source="lre"))
+        return Relation(
+            d["name"],
+            [s["subject"] for s in samples],
+            [s["object"] for s in samples],
+            templates[0],
+            None,
+            dict(d.get("properties", {}), source="lre"),
+        )
     prompts = [s.get("prompt") for s in samples]
     try:
-        return Relation(d["name"], [s["subject"] for s in samples], [s["answer"] for s in samples], d.get("template", "{}"),
-                        prompts if all(p is not None for p in prompts) else None, d.get("properties", {}))
+        return Relation(
+            d["name"],
+            [s["subject"] for s in samples],
+            [s["answer"] for s in samples],
+            d.get("template", "{}"),
+            prompts if all(p is not None for p in prompts) else None,
+            d.get("properties", {}),
+        )
     except RelationError as err:
         raise RelationError(f"{source}: {err}") from None
 

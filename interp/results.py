@@ -8,6 +8,7 @@ what they saved. Files get the user's normal permissions (``0666`` less the umas
 - :func:`save_table`: ``name.csv`` plus the DataFrame's ``attrs`` as ``name.json``, and
   :func:`load_table` to read both back (figures are rebuilt from these files alone).
 """
+
 from __future__ import annotations
 
 import json

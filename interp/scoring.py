@@ -38,6 +38,7 @@ predictable); an encoder's negative number of word pieces per word (WordPiece an
 vocabularies keep frequent strings whole and split rare ones, so a subject cut into many pieces
 is a rare one). Both are proxies; the world model has exact counts instead.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -57,8 +58,9 @@ if TYPE_CHECKING:  # the handle calls this module; the type is only named here
 Tensor = torch.Tensor
 
 #: HuggingFace ``model_type`` values of encoders (scored through a masked slot)
-ENCODER_TYPES = frozenset({"bert", "roberta", "distilbert", "electra", "albert", "xlm-roberta", "camembert", "mpnet",
-                           "deberta", "deberta-v2"})  # post-LN encoders: the last block's output is the final hidden state
+ENCODER_TYPES = frozenset(
+    {"bert", "roberta", "distilbert", "electra", "albert", "xlm-roberta", "camembert", "mpnet", "deberta", "deberta-v2"}
+)  # post-LN encoders: the last block's output is the final hidden state
 
 
 @dataclass
@@ -73,7 +75,9 @@ class LabelExamples:
 
     def rows(self, index: Tensor) -> tuple[Batch, Tensor]:
         b = self.batch
-        return Batch(b.input_ids[index], b.attention_mask[index], b.position_ids[index], b.shift[index]), self.targets[index]
+        return Batch(b.input_ids[index], b.attention_mask[index], b.position_ids[index], b.shift[index]), self.targets[
+            index
+        ]
 
 
 class Scoring(ABC):
@@ -98,8 +102,9 @@ class Scoring(ABC):
         return prompt
 
     @abstractmethod
-    def logprobs(self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
-                 ) -> Float[Tensor, "prompt candidate"]:
+    def logprobs(
+        self, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+    ) -> Float[Tensor, "prompt candidate"]:
         """Log-probability of each candidate after each prompt (no gradient)."""
 
     @abstractmethod
@@ -164,7 +169,7 @@ class Continuation(Scoring):
             if full[: len(base)] != base:
                 raise ValueError(f"label {l!r} does not extend prompt {p!r} token-wise")
             seqs.append(full)
-            targets.append([-100] * len(base) + full[len(base):])
+            targets.append([-100] * len(base) + full[len(base) :])
         return _examples(seqs, targets, self.model.pad_token_id)
 
     def loss(self, examples, index):
@@ -186,14 +191,17 @@ def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[
         for c in candidates:
             full = tokenizer(p + " " + c)["input_ids"]
             if full[: len(base)] != base or len(full) == len(base):
-                raise ValueError(f"cannot score candidate {c!r} after prompt {p!r}: its tokens do not extend the prompt's")
-            row.append(full[len(base):])
+                raise ValueError(
+                    f"cannot score candidate {c!r} after prompt {p!r}: its tokens do not extend the prompt's"
+                )
+            row.append(full[len(base) :])
         out.append(row)
     return out
 
 
-def candidate_logprobs(model: Model, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
-                       ) -> Float[Tensor, "prompt candidate"]:
+def candidate_logprobs(
+    model: Model, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+) -> Float[Tensor, "prompt candidate"]:
     """``model.scoring.logprobs(...)``: each candidate's log-probability after each prompt."""
     return model.scoring.logprobs(prompts, candidates, batch_size)
 
@@ -201,20 +209,26 @@ def candidate_logprobs(model: Model, prompts: Sequence[str], candidates: Sequenc
 # encoders ---------------------------------------------------------------------------------------
 class MaskedSlot(Scoring):
     kind = "masked"
-    frequency_source = "proxy: minus word pieces per word of the subject (tokenizer vocabularies keep frequent strings whole)"
+    frequency_source = (
+        "proxy: minus word pieces per word of the subject (tokenizer vocabularies keep frequent strings whole)"
+    )
 
     def __init__(self, model: Model):
         super().__init__(model)
         tok = model.tokenizer
         if tok is None or tok.mask_token_id is None:
-            raise ValueError(f"{model.name}: an encoder ({model.model_type}) is scored at a masked slot, and its tokenizer "
-                             "has no mask token; load the model with the tokenizer it was trained with")
+            raise ValueError(
+                f"{model.name}: an encoder ({model.model_type}) is scored at a masked slot, and its tokenizer "
+                "has no mask token; load the model with the tokenizer it was trained with"
+            )
         self.mask_token, self.mask_id = tok.mask_token, tok.mask_token_id
 
     @property
     def answers_undefined(self) -> str | None:
-        return (f"{self.model.model_type} is an encoder scored through a read-out tied to its input embeddings, which "
-                "only fine-tuning trains to answer; the pretrained model has no answer to read (no LM head is used)")
+        return (
+            f"{self.model.model_type} is an encoder scored through a read-out tied to its input embeddings, which "
+            "only fine-tuning trains to answer; the pretrained model has no answer to read (no LM head is used)"
+        )
 
     def context(self, prompt: str) -> str:
         """The prompt with a one-piece slot (every label of :data:`lab.study.labels.REAL_LABELS` is one piece)."""

@@ -19,6 +19,7 @@ unchanged on a ``TransformerBridge`` or on an nnsight-wrapped HuggingFace model:
 This module only knows names; which module of which architecture computes each one lives in
 :mod:`interp.architectures`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -69,6 +70,7 @@ def site_name(kind: str, layer: int | None = None) -> str:
         raise ValueError(f"the site kind {kind!r} lives in a block: give its layer")
     return f"blocks.{layer}.{kind}"
 
+
 _BLOCK_RE = re.compile(r"^blocks\.(\d+)\.(.+)$")
 
 
@@ -118,9 +120,7 @@ def standard_sites(n_layers: int, kinds_available: set[str] | None = None) -> li
     """All standard site names of an ``n_layers`` model, in execution order."""
     names = [k for k in GLOBAL_SITES_BEFORE if kinds_available is None or k in kinds_available]
     for layer in range(n_layers):
-        names += [
-            site_name(k, layer) for k in BLOCK_SITES if kinds_available is None or k in kinds_available
-        ]
+        names += [site_name(k, layer) for k in BLOCK_SITES if kinds_available is None or k in kinds_available]
     names += [k for k in GLOBAL_SITES_AFTER if kinds_available is None or k in kinds_available]
     return names
 
@@ -141,8 +141,7 @@ def validate_sites(requested, valid: list[str]) -> list[str]:
             near = difflib.get_close_matches(str(name), valid, n=5, cutoff=0.5)
             hint = f" Nearest valid names: {', '.join(near)}." if near else ""
             raise UnknownSiteError(
-                f"unknown site {name!r} for this model.{hint} "
-                f"See `model.sites` for all {len(valid)} valid names."
+                f"unknown site {name!r} for this model.{hint} See `model.sites` for all {len(valid)} valid names."
             )
     return requested
 

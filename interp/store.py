@@ -11,6 +11,7 @@ Each shard is written to a temporary file and renamed into place, then the manif
 rewritten the same way, so a store killed at any moment holds only whole shards, and reopening
 it (same key) continues with the first missing one. Shards are read back memory-mapped.
 """
+
 from __future__ import annotations
 
 import json
@@ -134,7 +135,9 @@ class ActivationStore:
         if site not in self.sites and site != "__mask__":
             raise KeyError(f"site {site!r} is not in this store; it holds {', '.join(self.sites)}")
         if not self.complete:
-            raise RuntimeError(f"the store at {self.root} is incomplete (missing shards {self.missing_shards()}); rerun the capture to finish it")
+            raise RuntimeError(
+                f"the store at {self.root} is incomplete (missing shards {self.missing_shards()}); rerun the capture to finish it"
+            )
         return torch.cat([s[site] for s in self.iter_shards([site])])
 
     def __repr__(self) -> str:

@@ -12,6 +12,7 @@ Position specs (``positions=``):
 - ``"all"``: every token (results are padded to the longest prompt, with a mask);
 - an ``int`` (negative counts from the end) or a list of ints: those token indices.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,15 +52,19 @@ def encode(tokenizer, prompts: Sequence[Prompt]) -> list[Encoded]:
     done = iter([])
     if texts:
         if tokenizer is None:
-            raise TypeError("text prompts need the model's tokenizer, and this model has none: pass token ids "
-                            "(a [n, pos] tensor), or load the model with tokenizer=...")
+            raise TypeError(
+                "text prompts need the model's tokenizer, and this model has none: pass token ids "
+                "(a [n, pos] tensor), or load the model with tokenizer=..."
+            )
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError(
                 "the tokenizer must be a fast (Rust) HuggingFace tokenizer, which reports character "
                 "offsets; load it with AutoTokenizer.from_pretrained(path, use_fast=True)"
             )
         out = tokenizer(texts, return_offsets_mapping=True, add_special_tokens=True)
-        done = iter([Encoded(list(ids), [tuple(o) for o in offs]) for ids, offs in zip(out["input_ids"], out["offset_mapping"])])
+        done = iter(
+            [Encoded(list(ids), [tuple(o) for o in offs]) for ids, offs in zip(out["input_ids"], out["offset_mapping"])]
+        )
     return [Encoded(list(p.ids), []) if p.ids is not None else next(done) for p in prompts]
 
 
@@ -100,7 +105,9 @@ def resolve_positions(enc: Encoded, prompt: Prompt, spec: PositionSpec, index: i
             return [subject_tokens(enc, prompt, index)[-1]]
         if spec == "subject_first":
             return [subject_tokens(enc, prompt, index)[0]]
-        raise PositionError(f"unknown position {spec!r}; use one of {', '.join(NAMED_POSITIONS)}, an int or a list of ints")
+        raise PositionError(
+            f"unknown position {spec!r}; use one of {', '.join(NAMED_POSITIONS)}, an int or a list of ints"
+        )
     wanted = [spec] if isinstance(spec, int) else list(spec)
     if not wanted:
         raise PositionError("empty list of positions")

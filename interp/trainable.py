@@ -17,6 +17,7 @@ pass is differentiable (:meth:`~interp.models.Model.forward`).
 shifted by one, ``-100`` ignored, mean over targets), computed from logits so that it works on
 any backend.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,9 +52,11 @@ class LoraSpec:
 def lora_targets(model_type: str | None) -> list[str]:
     """The linear layers LoRA adapts for ``model_type`` (raises with the known ones)."""
     if model_type not in LORA_TARGETS:
-        raise ValueError(f"no LoRA target modules known for model_type={model_type!r} (known: "
-                         f"{', '.join(sorted(LORA_TARGETS))}); pass LoraSpec(targets=[...]) or add them to "
-                         "interp.trainable.LORA_TARGETS")
+        raise ValueError(
+            f"no LoRA target modules known for model_type={model_type!r} (known: "
+            f"{', '.join(sorted(LORA_TARGETS))}); pass LoraSpec(targets=[...]) or add them to "
+            "interp.trainable.LORA_TARGETS"
+        )
     return LORA_TARGETS[model_type]
 
 
@@ -62,8 +65,9 @@ def add_lora(module: torch.nn.Module, spec: LoraSpec, model_type: str | None) ->
     from peft import LoraConfig, inject_adapter_in_model  # imported when first used: peft is slow to import
 
     targets = list(spec.targets) if spec.targets else lora_targets(model_type)
-    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=targets,
-                        fan_in_fan_out=model_type == "gpt2")  # GPT-2's Conv1D stores W transposed
+    config = LoraConfig(
+        r=spec.r, lora_alpha=spec.alpha, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=model_type == "gpt2"
+    )  # GPT-2's Conv1D stores W transposed
     module = inject_adapter_in_model(config, module)
     for name, p in module.named_parameters():
         p.requires_grad_("lora_" in name)
@@ -82,5 +86,6 @@ def lm_loss(logits: Float[Tensor, "batch pos vocab"], labels: Int[Tensor, "batch
     the same computation as HuggingFace's ``ForCausalLMLoss``."""
     labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
     logits = logits.float()
-    return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1).to(logits.device),
-                                             ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        logits.view(-1, logits.shape[-1]), labels.view(-1).to(logits.device), ignore_index=-100
+    )

@@ -16,6 +16,7 @@ all train with it, so each seeds, sets its thread count and reports progress the
 ``threads`` applies for the loop's duration only (the caller's setting is restored); ``None``
 keeps the current one. A row gets the step first and the wall-clock ``seconds`` last.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,15 @@ def seed_torch(value: int) -> None:
 class TrainingLoop:
     """Iterate over ``steps`` training steps with a progress bar, a thread setting and a log."""
 
-    def __init__(self, steps: int, *, desc: str = "train", threads: int | None = None,
-                 progress: bool | None = None, log_every: int = 50):
+    def __init__(
+        self,
+        steps: int,
+        *,
+        desc: str = "train",
+        threads: int | None = None,
+        progress: bool | None = None,
+        log_every: int = 50,
+    ):
         self.steps = steps
         self.desc = desc
         self.threads = threads
@@ -79,14 +87,14 @@ class TrainingLoop:
         return time.time() - self._start
 
     @staticmethod
-    def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, clip: float | None = None,
-                 params=None) -> None:
+    def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, clip: float | None = None, params=None) -> None:
         """``zero_grad``, ``backward``, optional gradient-norm clipping of ``params``, ``step``."""
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if clip is not None:
-            torch.nn.utils.clip_grad_norm_(params if params is not None else
-                                           [p for g in optimizer.param_groups for p in g["params"]], clip)
+            torch.nn.utils.clip_grad_norm_(
+                params if params is not None else [p for g in optimizer.param_groups for p in g["params"]], clip
+            )
         optimizer.step()
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ checkpoints.
     >>> centroid_alignment(model, prompts)                                  # one VJP per batch
     >>> LinearRelationalEmbedding(model, layer=1, beta=2.0).run(relation)   # faithfulness, causality
 """
+
 from .alignment import alignment_scores, centroid_alignment, jacobian_alignment, row_cosines
 from .dynamics import track, trajectory_plot
 from .jacobian import JacobianError, jacobian, jacobian_of, vjp
@@ -14,7 +15,19 @@ from .lre import LRE, LinearRelationalEmbedding, estimate_affine
 from .regularizer import GrokAlignRegularizer, projected_norm_sq
 
 __all__ = [
-    "alignment_scores", "centroid_alignment", "jacobian_alignment", "row_cosines", "track", "trajectory_plot",
-    "JacobianError", "jacobian", "jacobian_of", "vjp", "LRE", "LinearRelationalEmbedding", "estimate_affine",
-    "GrokAlignRegularizer", "projected_norm_sq",
+    "alignment_scores",
+    "centroid_alignment",
+    "jacobian_alignment",
+    "row_cosines",
+    "track",
+    "trajectory_plot",
+    "JacobianError",
+    "jacobian",
+    "jacobian_of",
+    "vjp",
+    "LRE",
+    "LinearRelationalEmbedding",
+    "estimate_affine",
+    "GrokAlignRegularizer",
+    "projected_norm_sq",
 ]

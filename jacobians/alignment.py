@@ -15,6 +15,7 @@ grokking up. Measures, per example:
 
 ``x`` and the Jacobian's input side may span several positions (flattened together).
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -42,14 +43,16 @@ def alignment_scores(J: Float[Tensor, "batch d_out d_in"], x: Float[Tensor, "bat
     x = _flat(x).double()
     x_hat = x / x.norm(dim=-1, keepdim=True).clamp_min(1e-30)
     along = torch.einsum("boi,bi->bo", J, x_hat)
-    energy = (J ** 2).sum((1, 2)).clamp_min(1e-30)
+    energy = (J**2).sum((1, 2)).clamp_min(1e-30)
     cos = row_cosines(J, x)
     mu = J.sum(1)  # J^T 1
-    return pd.DataFrame({
-        "alignment": ((along ** 2).sum(-1) / energy).tolist(),
-        "mean_abs_cosine": cos.abs().mean(-1).tolist(),
-        **centroid_columns(mu, x),
-    })
+    return pd.DataFrame(
+        {
+            "alignment": ((along**2).sum(-1) / energy).tolist(),
+            "mean_abs_cosine": cos.abs().mean(-1).tolist(),
+            **centroid_columns(mu, x),
+        }
+    )
 
 
 def centroid_columns(mu: Tensor, x: Tensor) -> dict[str, list[float]]:
@@ -61,15 +64,30 @@ def centroid_columns(mu: Tensor, x: Tensor) -> dict[str, list[float]]:
     }
 
 
-def centroid_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
-                       of_position="last", batch_size: int = 32) -> pd.DataFrame:
+def centroid_alignment(
+    model,
+    prompts,
+    wrt: str = "hook_embed",
+    of: str = "logits",
+    wrt_position="last",
+    of_position="last",
+    batch_size: int = 32,
+) -> pd.DataFrame:
     """``cos(mu_x, x)``, ``<mu_x, x>``, ``||mu_x||`` per prompt, from one VJP per batch."""
     x, mu = vjp(model, prompts, None, wrt, of, wrt_position, of_position, batch_size)
     return pd.DataFrame(centroid_columns(mu, x))
 
 
-def jacobian_alignment(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
-                       of_position="last", batch_size: int = 16, x: Tensor | None = None) -> pd.DataFrame:
+def jacobian_alignment(
+    model,
+    prompts,
+    wrt: str = "hook_embed",
+    of: str = "logits",
+    wrt_position="last",
+    of_position="last",
+    batch_size: int = 16,
+    x: Tensor | None = None,
+) -> pd.DataFrame:
     """All alignment measures per prompt, from full per-example Jacobians."""
     _check_order(model, wrt, of)
     frames = []

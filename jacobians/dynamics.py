@@ -11,6 +11,7 @@ draws every measure against the step, with train/test accuracy (if tracked) on t
     ...                          "centroid_alignment": lambda m: centroid_alignment(m, prompts).centroid_alignment.mean()})
     >>> trajectory_plot(df)
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
@@ -22,8 +23,9 @@ from interp.plots import PALETTE, style
 from interp.progress import progress_bar
 
 
-def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Callable],
-          progress: bool | None = None) -> pd.DataFrame:
+def track(
+    checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Callable], progress: bool | None = None
+) -> pd.DataFrame:
     """Run every analyzer on every checkpoint; one row per (step, measure)."""
     if not analyzers:
         raise ValueError("no analyzers given: pass a dict name -> function(checkpoint)")
@@ -39,8 +41,9 @@ def track(checkpoints: Iterable[tuple[int, object]], analyzers: Mapping[str, Cal
     return pd.DataFrame(rows)
 
 
-def trajectory_plot(df: pd.DataFrame, measures: list[str] | None = None, title: str = "training dynamics",
-                    size: str = "two-column") -> go.Figure:
+def trajectory_plot(
+    df: pd.DataFrame, measures: list[str] | None = None, title: str = "training dynamics", size: str = "two-column"
+) -> go.Figure:
     """Each measure against the step (accuracies dashed)."""
     for col in ("step", "measure", "value"):
         if col not in df.columns:
@@ -50,8 +53,15 @@ def trajectory_plot(df: pd.DataFrame, measures: list[str] | None = None, title: 
     for i, m in enumerate(measures):
         part = df[df.measure == m].sort_values("step")
         dash = "dash" if "accuracy" in m else "solid"
-        fig.add_trace(go.Scatter(x=part.step, y=part.value, name=m, mode="lines",
-                                 line=dict(color=PALETTE[i % len(PALETTE)], dash=dash, width=2.5)))
+        fig.add_trace(
+            go.Scatter(
+                x=part.step,
+                y=part.value,
+                name=m,
+                mode="lines",
+                line=dict(color=PALETTE[i % len(PALETTE)], dash=dash, width=2.5),
+            )
+        )
     fig.update_layout(title=title, xaxis_title="training step", yaxis_title="value")
     return style(fig, size)
 

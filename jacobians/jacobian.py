@@ -15,6 +15,7 @@ the output must come after the input in the forward pass (else: :class:`Jacobian
     >>> J = jacobian(model, prompts, wrt="blocks.1.hook_resid_post", of="blocks.3.hook_resid_post",
     ...              wrt_position="subject_last", of_position="last")      # [batch, d_model, d_model]
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -63,8 +64,9 @@ def batches(model, prompts, batch_size: int, wrt_position, of_position):
         yield chunk, batch, _positions(model, chunk, batch, wrt_position), _positions(model, chunk, batch, of_position)
 
 
-def forward_with_input(model, batch: Batch, wrt: str, of: str, wrt_pos: Tensor, of_pos: Tensor,
-                       x: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def forward_with_input(
+    model, batch: Batch, wrt: str, of: str, wrt_pos: Tensor, of_pos: Tensor, x: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Run with the input site's value at ``wrt_pos`` taken from leaf ``x`` (default: its own value,
     detached); returns ``(x [batch, d_in], y [batch, d_out])`` connected by autograd."""
     rows = torch.arange(len(wrt_pos))
@@ -79,6 +81,7 @@ def forward_with_input(model, batch: Batch, wrt: str, of: str, wrt_pos: Tensor, 
 
     hooks = {wrt: put}
     if of != "logits":
+
         def keep(act):
             holder["y"] = act
 
@@ -92,8 +95,16 @@ def forward_with_input(model, batch: Batch, wrt: str, of: str, wrt_pos: Tensor, 
     return holder["x"], y
 
 
-def jacobian(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_position="last",
-             of_position="last", batch_size: int = 16, method: str = "vmap") -> Float[Tensor, "batch d_out d_in"]:
+def jacobian(
+    model,
+    prompts,
+    wrt: str = "hook_embed",
+    of: str = "logits",
+    wrt_position="last",
+    of_position="last",
+    batch_size: int = 16,
+    method: str = "vmap",
+) -> Float[Tensor, "batch d_out d_in"]:
     """Per-example Jacobian ``d of[of_position] / d wrt[wrt_position]`` for each prompt."""
     if method not in ("vmap", "loop"):
         raise ValueError(f"method must be 'vmap' or 'loop', got {method!r}")
@@ -105,33 +116,52 @@ def jacobian(model, prompts, wrt: str = "hook_embed", of: str = "logits", wrt_po
     return torch.cat(out)
 
 
-def jacobian_of(y: Float[Tensor, "batch d_out"], x: Float[Tensor, "batch d_in"], method: str = "vmap",
-                create_graph: bool = False) -> Float[Tensor, "batch d_out d_in"]:
+def jacobian_of(
+    y: Float[Tensor, "batch d_out"], x: Float[Tensor, "batch d_in"], method: str = "vmap", create_graph: bool = False
+) -> Float[Tensor, "batch d_out d_in"]:
     """Per-example Jacobians of ``y`` w.r.t. ``x`` (rows of the batch independent)."""
     d_out = y.shape[1]
     if not y.requires_grad:
-        raise JacobianError("the output does not depend on the input through differentiable operations "
-                            "(is the input site upstream of the output? was something detached?)")
+        raise JacobianError(
+            "the output does not depend on the input through differentiable operations "
+            "(is the input site upstream of the output? was something detached?)"
+        )
     eye = torch.eye(d_out, dtype=y.dtype, device=y.device)
     if method == "vmap":
         cot = eye[:, None, :].expand(d_out, y.shape[0], d_out)
-        (g,) = torch.autograd.grad(y, x, grad_outputs=cot, is_grads_batched=True, retain_graph=True,
-                                   create_graph=create_graph, allow_unused=True)
+        (g,) = torch.autograd.grad(
+            y,
+            x,
+            grad_outputs=cot,
+            is_grads_batched=True,
+            retain_graph=True,
+            create_graph=create_graph,
+            allow_unused=True,
+        )
         if g is None:
             raise JacobianError("the output does not depend on the input")
         return g.movedim(0, 1)
     rows = []
     for c in range(d_out):
-        (g,) = torch.autograd.grad(y, x, grad_outputs=eye[c].expand_as(y), retain_graph=True,
-                                   create_graph=create_graph, allow_unused=True)
+        (g,) = torch.autograd.grad(
+            y, x, grad_outputs=eye[c].expand_as(y), retain_graph=True, create_graph=create_graph, allow_unused=True
+        )
         if g is None:
             raise JacobianError("the output does not depend on the input")
         rows.append(g)
     return torch.stack(rows, dim=1)
 
 
-def vjp(model, prompts, cotangent: Tensor | None = None, wrt: str = "hook_embed", of: str = "logits",
-        wrt_position="last", of_position="last", batch_size: int = 32) -> tuple[Tensor, Tensor]:
+def vjp(
+    model,
+    prompts,
+    cotangent: Tensor | None = None,
+    wrt: str = "hook_embed",
+    of: str = "logits",
+    wrt_position="last",
+    of_position="last",
+    batch_size: int = 32,
+) -> tuple[Tensor, Tensor]:
     """``(x, J^T v)`` per example with one backward pass; ``v`` defaults to all ones (the
     GrokAlign centroid ``mu_x = J_x^T 1``)."""
     _check_order(model, wrt, of)

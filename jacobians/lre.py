@@ -18,6 +18,7 @@ of ``W``. Two tests of the approximation:
   the LRE's output for another subject with a different answer; does the model now give that
   subject's answer?
 """
+
 from __future__ import annotations
 
 import random
@@ -89,8 +90,17 @@ class LinearRelationalEmbedding:
     causality_rank : rank of the pseudo-inverse used for edits (None: full)
     """
 
-    def __init__(self, model, layer: int, beta: float = 1.0, rank: int | None = None, n_train: int = 5,
-                 icl: bool = True, causality_rank: int | None = None, batch_size: int = 16):
+    def __init__(
+        self,
+        model,
+        layer: int,
+        beta: float = 1.0,
+        rank: int | None = None,
+        n_train: int = 5,
+        icl: bool = True,
+        causality_rank: int | None = None,
+        batch_size: int = 16,
+    ):
         self.model, self.layer, self.beta, self.rank = model, layer, beta, rank
         self.n_train, self.icl, self.causality_rank, self.batch_size = n_train, icl, causality_rank, batch_size
 
@@ -98,7 +108,9 @@ class LinearRelationalEmbedding:
         """Check the configuration against the model; the sites read end in ``_``."""
         n = self.model.n_layers
         if not 0 <= self.layer < n - 1:
-            raise ValueError(f"layer must be in 0..{n - 2} (the output is the last block, layer {n - 1}); got {self.layer}")
+            raise ValueError(
+                f"layer must be in 0..{n - 2} (the output is the last block, layer {n - 1}); got {self.layer}"
+            )
         self.s_site_ = site_name("resid_post", self.layer)
         self.o_site_ = site_name("resid_post", n - 1)
 
@@ -156,8 +168,9 @@ class LinearRelationalEmbedding:
         logits = self.model.run(batch, {self.o_site_: put})
         return logits[rows, lpos]
 
-    def evaluate(self, relation, train: Sequence[int], test: Sequence[int], lre: LRE | None = None,
-                 seed: int = 0) -> pd.DataFrame:
+    def evaluate(
+        self, relation, train: Sequence[int], test: Sequence[int], lre: LRE | None = None, seed: int = 0
+    ) -> pd.DataFrame:
         """One row per test subject: model's and LRE's top tokens, faithfulness and causality."""
         self._validate()
         lre = lre or self.fit(relation, train).lre_
@@ -188,8 +201,15 @@ class LinearRelationalEmbedding:
         answers = [relation.answers[i] for i in test]
         for k, i in enumerate(test):
             gold = self._first_token(relation.answers[i])
-            rows.append({"subject": relation.subjects[i], "answer": relation.answers[i], "model_correct": meta[k][0] == gold,
-                         "lre_correct": meta[k][1] == gold, "faithful": meta[k][1] == meta[k][0]})
+            rows.append(
+                {
+                    "subject": relation.subjects[i],
+                    "answer": relation.answers[i],
+                    "model_correct": meta[k][0] == gold,
+                    "lre_correct": meta[k][1] == gold,
+                    "faithful": meta[k][1] == meta[k][0],
+                }
+            )
         # causality: move each subject's state towards another test subject with a different answer
         targets = []
         for k in range(len(test)):
@@ -209,7 +229,9 @@ class LinearRelationalEmbedding:
             idx = list(range(pos, pos + n))
             pos += n
             tgt = [targets[k] for k in idx]
-            dz = torch.stack([(z_all[t] - z_all[k]) if t is not None else torch.zeros_like(z_all[k]) for k, t in zip(idx, tgt)])
+            dz = torch.stack(
+                [(z_all[t] - z_all[k]) if t is not None else torch.zeros_like(z_all[k]) for k, t in zip(idx, tgt)]
+            )
             ds = lre.inverse_edit(dz, self.causality_rank)
             r = torch.arange(n)
 
@@ -228,10 +250,13 @@ class LinearRelationalEmbedding:
     def summary(self, table: pd.DataFrame) -> dict:
         correct = table[table.model_correct]
         causal = table[table.causal.notna()]
-        return {"n_test": len(table), "model_accuracy": float(table.model_correct.mean()),
-                "faithfulness": float(correct.lre_correct.mean()) if len(correct) else float("nan"),
-                "agreement": float(table.faithful.mean()),
-                "causality": float(causal.causal.astype(bool).mean()) if len(causal) else float("nan")}
+        return {
+            "n_test": len(table),
+            "model_accuracy": float(table.model_correct.mean()),
+            "faithfulness": float(correct.lre_correct.mean()) if len(correct) else float("nan"),
+            "agreement": float(table.faithful.mean()),
+            "causality": float(causal.causal.astype(bool).mean()) if len(causal) else float("nan"),
+        }
 
     def run(self, relation, n_test: int = 50, seed: int = 0) -> dict:
         """Fit on ``n_train`` random subjects, evaluate on up to ``n_test`` others; the summary."""
@@ -239,5 +264,9 @@ class LinearRelationalEmbedding:
         idx = list(range(len(relation)))
         rng.shuffle(idx)
         train, test = idx[: self.n_train], idx[self.n_train : self.n_train + n_test]
-        return {"relation": relation.name, "layer": self.layer, "beta": self.beta,
-                **self.summary(self.evaluate(relation, train, test, seed=seed))}
+        return {
+            "relation": relation.name,
+            "layer": self.layer,
+            "beta": self.beta,
+            **self.summary(self.evaluate(relation, train, test, seed=seed)),
+        }

@@ -17,6 +17,7 @@ attention kernel has none, so compute attention by the math path
     >>> logits = rest_of_model(x)             # [batch, C]
     >>> loss = task_loss + reg(logits, x)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,8 +28,13 @@ from jaxtyping import Float
 Tensor = torch.Tensor
 
 
-def projected_norm_sq(outputs: Float[Tensor, "batch C"], inputs: Tensor, n_proj: int = 1,
-                      generator: torch.Generator | None = None, create_graph: bool = True) -> Float[Tensor, " batch"]:
+def projected_norm_sq(
+    outputs: Float[Tensor, "batch C"],
+    inputs: Tensor,
+    n_proj: int = 1,
+    generator: torch.Generator | None = None,
+    create_graph: bool = True,
+) -> Float[Tensor, " batch"]:
     """Unbiased estimate of ``||J||_F^2`` per example: ``C ||v^T J||^2`` averaged over ``n_proj`` draws."""
     if outputs.dim() != 2:
         raise ValueError(f"outputs must be [batch, C] (e.g. last-position logits), got shape {tuple(outputs.shape)}")

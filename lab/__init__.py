@@ -9,6 +9,7 @@ relation circuits, grokking, in-context learning), executors for distributed run
 :func:`interp.load_model` through the ``interp.models`` entry points (``"world"``,
 ``"induction"``), registered again here for a checkout used without installing.
 """
+
 from interp.models import register_model
 
 from .experiments.induction import checkpoint_dir as induction_checkpoint_dir

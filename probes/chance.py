@@ -24,6 +24,7 @@ predictions. A fixed level can be beaten by a subject-blind predictor (the major
 1/n; a uniform guess falls below the majority share). Kappa is undefined (NaN) when ``p_e = 1``.
 It equals :func:`sklearn.metrics.cohen_kappa_score` (tested).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -44,7 +45,7 @@ def chance_levels(answers: Sequence) -> dict[str, float]:
     if len(answers) == 0:
         raise ValueError("chance levels need at least one evaluated subject")
     p = np.array(list(answer_shares(answers).values()))
-    return {"uniform": 1.0 / len(p), "prior": float((p ** 2).sum()), "majority": float(p.max())}
+    return {"uniform": 1.0 / len(p), "prior": float((p**2).sum()), "majority": float(p.max())}
 
 
 def expected_agreement(true: Sequence, pred: Sequence) -> float:

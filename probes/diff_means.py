@@ -7,6 +7,7 @@ the nearest mean (``argmax_c x . mu_c - ||mu_c||^2 / 2``), i.e. a nearest-centro
 Often nearly as accurate as a logistic probe, and a useful lower bound: if the class means
 already separate, the information is linearly readable without any fitting.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -17,6 +17,7 @@ be told apart.
 Both are fitted on the states they are given and nothing else: a study fits them on its
 fine-tuning subjects only (no held-out subject informs the eraser).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

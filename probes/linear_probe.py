@@ -8,6 +8,7 @@ and ``check_estimator`` passes. Accepts numpy arrays and torch tensors.
 >>> probe = LinearProbe(C=1.0).fit(X_train, y_train)
 >>> probe.score(X_test, y_test), probe.predict_proba(X_test)[:3]
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,15 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
     device : where to fit (``"cpu"``, ``"cuda"``).
     """
 
-    def __init__(self, C: float = 1.0, standardize: bool = False, max_iter: int = 1000, tol: float = 1e-6,
-                 dtype: str = "float64", device: str = "cpu"):
+    def __init__(
+        self,
+        C: float = 1.0,
+        standardize: bool = False,
+        max_iter: int = 1000,
+        tol: float = 1e-6,
+        dtype: str = "float64",
+        device: str = "cpu",
+    ):
         self.C = C
         self.standardize = standardize
         self.max_iter = max_iter
@@ -62,8 +70,13 @@ class LinearProbe(ClassifierMixin, BaseEstimator):
             raise ValueError(f"C must be positive, got {self.C}")
         dtype = getattr(torch, self.dtype)
         fit = fit_logistic(
-            torch.tensor(X, device=self.device), torch.tensor(y_idx, device=self.device),
-            C=float(self.C), max_iter=self.max_iter, tol=self.tol, dtype=dtype, standardize=self.standardize,
+            torch.tensor(X, device=self.device),
+            torch.tensor(y_idx, device=self.device),
+            C=float(self.C),
+            max_iter=self.max_iter,
+            tol=self.tol,
+            dtype=dtype,
+            standardize=self.standardize,
         )
         W = fit.coef[0, 0].cpu().numpy().T  # [c, d]
         b = fit.intercept[0, 0].cpu().numpy()

@@ -36,6 +36,7 @@ Two classes: scikit-learn fits one logistic coefficient vector ``w`` penalized b
 and its penalty equals scikit-learn's when the softmax is fitted with ``C / 2``; we do exactly
 that, so binary probes match scikit-learn as well.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -16,6 +16,7 @@ little.
 The probes are the toolkit's L2 logistic regression with standardization (``C``: inverse
 strength, as scikit-learn's), all blocks fitted at once by :func:`probes.logistic.fit_logistic`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -35,8 +36,16 @@ def block_ends(n: int, fractions: Sequence[float] = FRACTIONS, minimum: int = 2)
     return ends
 
 
-def online_codelength(X, y: Sequence, fractions: Sequence[float] = FRACTIONS, C: float = 1.0, seed: int = 0,
-                      standardize: bool = True, tol: float = 1e-5, max_iter: int = 1000) -> dict:
+def online_codelength(
+    X,
+    y: Sequence,
+    fractions: Sequence[float] = FRACTIONS,
+    C: float = 1.0,
+    seed: int = 0,
+    standardize: bool = True,
+    tol: float = 1e-5,
+    max_iter: int = 1000,
+) -> dict:
     """Online codelength of ``y`` given ``X`` ``[n, d]`` (see the module docstring): ``mdl_bits``,
     ``uniform_bits``, ``compression``, ``n``, ``n_classes``, and ``block_bits`` (bits per block)."""
     X = torch.as_tensor(np.asarray(X), dtype=torch.float64)
@@ -52,13 +61,27 @@ def online_codelength(X, y: Sequence, fractions: Sequence[float] = FRACTIONS, C:
     if len(ends) > 1:
         pos = torch.arange(n)
         train = torch.stack([pos < t for t in ends[:-1]])  # [S-1, n]: probe k sees the first t_k examples
-        fit = fit_logistic(Xo[None], yo[None].expand(len(ends) - 1, n), train[None],
-                           torch.full((1, len(ends) - 1), K), C=C, dtype=torch.float64, standardize=standardize,
-                           tol=tol, max_iter=max_iter)
+        fit = fit_logistic(
+            Xo[None],
+            yo[None].expand(len(ends) - 1, n),
+            train[None],
+            torch.full((1, len(ends) - 1), K),
+            C=C,
+            dtype=torch.float64,
+            standardize=standardize,
+            tol=tol,
+            max_iter=max_iter,
+        )
         logp = torch.log_softmax(fit.logits(Xo[None])[0].double(), -1)  # [S-1, n, K]
         for k in range(len(ends) - 1):
             block = slice(ends[k], ends[k + 1])
             bits.append(float(-logp[k, block].gather(1, yo[block, None]).sum() / np.log(2)))
     total = float(sum(bits))
-    return {"mdl_bits": total, "uniform_bits": float(uniform_bits), "compression": float(uniform_bits / total),
-            "n": n, "n_classes": K, "block_bits": bits}
+    return {
+        "mdl_bits": total,
+        "uniform_bits": float(uniform_bits),
+        "compression": float(uniform_bits / total),
+        "n": n,
+        "n_classes": K,
+        "block_bits": bits,
+    }

@@ -11,6 +11,7 @@ its ``readout_``, every test subject's cross-validated prediction):
 - :func:`best_layers`: each relation's best layer, the highest kappa (lowest layer on ties);
 - :func:`best_layer_readability`: one row per relation at its best layer, the relation's *readability*.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,9 +30,20 @@ def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataF
     for (rel, layer), g in readout[readout.seed == first_seed].groupby(["relation", "layer"], sort=False):
         levels = chance_levels(list(g.answer))
         m = mean.loc[(rel, layer)]
-        rows.append({"relation": rel, "layer": int(layer), "accuracy": float(m.accuracy), "kappa": kappa(list(g.answer), list(g.predicted)),
-                     "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
-                     "control_accuracy": float(m.control_accuracy), "selectivity": float(m.selectivity), "n_subjects": len(g)})
+        rows.append(
+            {
+                "relation": rel,
+                "layer": int(layer),
+                "accuracy": float(m.accuracy),
+                "kappa": kappa(list(g.answer), list(g.predicted)),
+                "chance_uniform": levels["uniform"],
+                "chance_prior": levels["prior"],
+                "chance_majority": levels["majority"],
+                "control_accuracy": float(m.control_accuracy),
+                "selectivity": float(m.selectivity),
+                "n_subjects": len(g),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -40,7 +52,9 @@ def best_layers(layers: pd.DataFrame) -> dict[str, int]:
     out = {}
     for rel, g in layers.groupby("relation", sort=False):
         g = g.sort_values("layer")
-        out[rel] = int(g.layer.iloc[int(np.nanargmax(g.kappa.to_numpy()))]) if g.kappa.notna().any() else int(g.layer.iloc[0])
+        out[rel] = (
+            int(g.layer.iloc[int(np.nanargmax(g.kappa.to_numpy()))]) if g.kappa.notna().any() else int(g.layer.iloc[0])
+        )
     return out
 
 

@@ -4,6 +4,7 @@ Closed-form ridge regression on centered data, ``w = (Xc^T Xc + alpha I)^{-1} Xc
 unpenalized intercept: the same solution as ``sklearn.linear_model.Ridge(alpha)``. Several
 targets (columns of ``y``) are solved at once. Score is R^2.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -24,6 +24,7 @@ on the fold's held-out subjects), ``chance`` (1 / number of answers), ``n_train`
 (``mdl_bits``, ``uniform_bits``, ``compression``; Voita & Titov 2020). :attr:`ProbeSweep.readout_` holds, for every subject,
 the probe's ranked answers from the fold in which that subject was held out.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -139,10 +140,14 @@ class ProbeSweep:
             source.check_sites(sites)
             model_name = model_name or source.name
             features = {}
-            for p in progress_bar(prepared, desc="capture relations", unit="relations", progress=self.progress, threshold=1):
+            for p in progress_bar(
+                prepared, desc="capture relations", unit="relations", progress=self.progress, threshold=1
+            ):
                 every = p.relation.prompts()  # built once per relation (was once per subject)
                 prompts = [every[i] for i in p.keep]
-                acts = capture(source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False)
+                acts = capture(
+                    source, prompts, sites=sites, positions=self.positions, batch_size=self.batch_size, progress=False
+                )
                 features[p.relation.name] = {s: acts[s] for s in sites}
         else:
             return self._run_stored(source, prepared, model_name or "stored")
@@ -175,7 +180,9 @@ class ProbeSweep:
     def _stored(source, p, site: str) -> torch.Tensor:
         stored = source[p.relation.name]
         if site not in stored:
-            raise KeyError(f"relation {p.relation.name!r} has no stored activations at {site!r}; have {sorted(stored.keys())}")
+            raise KeyError(
+                f"relation {p.relation.name!r} has no stored activations at {site!r}; have {sorted(stored.keys())}"
+            )
         x = stored[site]
         x = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
         if x.shape[0] != len(p.relation):
@@ -190,7 +197,9 @@ class ProbeSweep:
         for name, feats in features.items():
             for s, x in feats.items():
                 if not torch.isfinite(x.float()).all():
-                    raise ValueError(f"activations of relation {name!r} at {s!r} contain NaN or inf; check the capture (dtype overflow?)")
+                    raise ValueError(
+                        f"activations of relation {name!r} at {s!r} contain NaN or inf; check the capture (dtype overflow?)"
+                    )
 
     # ------------------------------------------------------------------------------------------
     def _prepare(self, relation: Relation) -> _Prepared:
@@ -263,7 +272,9 @@ class ProbeSweep:
         for part in chunks:
             d = part[0][2].shape[-1]
             if any(x.shape[-1] != d for _, _, x in part):
-                raise ValueError("all sites in a sweep chunk must have the same width; sweep sites of different widths separately")
+                raise ValueError(
+                    "all sites in a sweep chunk must have the same width; sweep sites of different widths separately"
+                )
             n = max(len(p.keep) for p, _, _ in part)
             X = torch.zeros(len(part), n, d, dtype=self.dtype)
             Y = torch.full((len(part), K, n), -1, dtype=torch.long)
@@ -278,13 +289,26 @@ class ProbeSweep:
                 T[g, :, :m] = torch.as_tensor(trains)
                 NC[g] = len(p.classes)
                 metas.append(meta)
-            fit = fit_logistic(X.to(self.device), Y.to(self.device), T.to(self.device), NC.to(self.device),
-                               C=self.C, max_iter=self.max_iter, tol=self.tol, dtype=self.dtype,
-                               standardize=self.standardize)
+            fit = fit_logistic(
+                X.to(self.device),
+                Y.to(self.device),
+                T.to(self.device),
+                NC.to(self.device),
+                C=self.C,
+                max_iter=self.max_iter,
+                tol=self.tol,
+                dtype=self.dtype,
+                standardize=self.standardize,
+            )
             logits = fit.logits(X.to(self.device)).cpu()  # [G, K, n, c]
             for g, (p, s, x) in enumerate(part):
-                code = (online_codelength(x.reshape(len(p.keep), -1), p.y, C=self.C, seed=self.seeds[0],
-                                          standardize=self.standardize) if self.mdl else None)
+                code = (
+                    online_codelength(
+                        x.reshape(len(p.keep), -1), p.y, C=self.C, seed=self.seeds[0], standardize=self.standardize
+                    )
+                    if self.mdl
+                    else None
+                )
                 self._evaluate(p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout, code)
             bar.update(len(part))
         bar.close()
@@ -308,27 +332,51 @@ class ProbeSweep:
                 "top_k_accuracy": (top == yl[:, None]).any(-1).double().mean().item(),
                 "log_loss": -lp.gather(1, yl[:, None]).mean().item(),
                 **(_class_balanced(yl.numpy(), lp.exp().numpy(), c) if kind == "task" else {}),
-                "n_train": int((~test).sum()), "n_test": int(test.sum()), "converged": bool(converged[k]),
+                "n_train": int((~test).sum()),
+                "n_test": int(test.sum()),
+                "converged": bool(converged[k]),
             }
             if kind == "task" and self.readout:
                 order = logp[k].argsort(-1, descending=True)
                 for i in np.flatnonzero(p.folds[si] == fold):
                     ranked = [p.classes[j] for j in order[i, :k_read].tolist()]
-                    readout.append({
-                        "model": model_name, "relation": p.relation.name, "site": site, "layer": layer, "seed": seed,
-                        "fold": fold, "subject": p.relation.subjects[p.keep[i]], "answer": p.classes[p.y[i]],
-                        "predicted": ranked[0], "top_answers": ranked,
-                        "answer_rank": int((order[i] == p.y[i]).nonzero()[0, 0]) + 1,
-                    })
+                    readout.append(
+                        {
+                            "model": model_name,
+                            "relation": p.relation.name,
+                            "site": site,
+                            "layer": layer,
+                            "seed": seed,
+                            "fold": fold,
+                            "subject": p.relation.subjects[p.keep[i]],
+                            "answer": p.classes[p.y[i]],
+                            "predicted": ranked[0],
+                            "top_answers": ranked,
+                            "answer_rank": int((order[i] == p.y[i]).nonzero()[0, 0]) + 1,
+                        }
+                    )
         for seed in self.seeds:
             for fold in range(self.folds):
                 t = by_key[(seed, fold, "task")]
                 row = {
-                    "model": model_name, "relation": p.relation.name, "site": site, "layer": layer, "fold": fold,
-                    "seed": seed, "accuracy": t["accuracy"], "top_k_accuracy": t["top_k_accuracy"], "top_k": k_top,
-                    "log_loss": t["log_loss"], "balanced_accuracy": t["balanced_accuracy"], "auroc": t["auroc"],
-                    "chance": 1.0 / c, "n_train": t["n_train"], "n_test": t["n_test"],
-                    "n_classes": c, "dropped_classes": p.dropped_classes, "dropped_subjects": p.dropped_subjects,
+                    "model": model_name,
+                    "relation": p.relation.name,
+                    "site": site,
+                    "layer": layer,
+                    "fold": fold,
+                    "seed": seed,
+                    "accuracy": t["accuracy"],
+                    "top_k_accuracy": t["top_k_accuracy"],
+                    "top_k": k_top,
+                    "log_loss": t["log_loss"],
+                    "balanced_accuracy": t["balanced_accuracy"],
+                    "auroc": t["auroc"],
+                    "chance": 1.0 / c,
+                    "n_train": t["n_train"],
+                    "n_test": t["n_test"],
+                    "n_classes": c,
+                    "dropped_classes": p.dropped_classes,
+                    "dropped_subjects": p.dropped_subjects,
                     "converged": t["converged"],
                 }
                 if self.control:
@@ -345,8 +393,11 @@ def _class_balanced(y: np.ndarray, probs: np.ndarray, c: int) -> dict:
     (scikit-learn's definitions; AUROC is NaN if a class is missing from the test fold)."""
     out = {"balanced_accuracy": float(balanced_accuracy_score(y, probs.argmax(-1)))}
     try:
-        out["auroc"] = float(roc_auc_score(y, probs[:, 1]) if c == 2 else
-                             roc_auc_score(y, probs / probs.sum(-1, keepdims=True), multi_class="ovr", labels=list(range(c))))
+        out["auroc"] = float(
+            roc_auc_score(y, probs[:, 1])
+            if c == 2
+            else roc_auc_score(y, probs / probs.sum(-1, keepdims=True), multi_class="ovr", labels=list(range(c)))
+        )
     except ValueError:
         out["auroc"] = float("nan")
     return out

@@ -42,9 +42,18 @@ STUDY_RELATIONS = ["continent", "hand", "season", "diet"]
 def _small_study():
     from lab.study import FinetuneConfig, StudyConfig
 
-    return StudyConfig(finetune_budget=(9, 16), methods=("full", "lora"), label_seeds=(0, 1), finetune_seeds=(0,),
-                       other_categories=("colours",), folds=3, n_boot=100, n_perm=100, n_null=200,
-                       finetune=FinetuneConfig(max_steps=40, check_every=10))
+    return StudyConfig(
+        finetune_budget=(9, 16),
+        methods=("full", "lora"),
+        label_seeds=(0, 1),
+        finetune_seeds=(0,),
+        other_categories=("colours",),
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        n_null=200,
+        finetune=FinetuneConfig(max_steps=40, check_every=10),
+    )
 
 
 SMALL_STUDY = _small_study()

@@ -1,12 +1,20 @@
 """Plain, unbatched reference implementations the batched analyzers are tested against."""
+
 from __future__ import annotations
 
 import torch
 
 
 def _site(kind, layer=None):
-    names = {"z": "attn.hook_z", "mlp_out": "hook_mlp_out", "embed": "hook_embed", "q": "attn.hook_q",
-             "k": "attn.hook_k", "v": "attn.hook_v", "resid_post": "hook_resid_post"}
+    names = {
+        "z": "attn.hook_z",
+        "mlp_out": "hook_mlp_out",
+        "embed": "hook_embed",
+        "q": "attn.hook_q",
+        "k": "attn.hook_k",
+        "v": "attn.hook_v",
+        "resid_post": "hook_resid_post",
+    }
     return names[kind] if kind == "embed" else f"blocks.{layer}.{names[kind]}"
 
 
@@ -14,7 +22,11 @@ def _site(kind, layer=None):
 def naive_path_patch(model, pairs, metric, sender, receiver, mlps="frozen"):
     """One sender, one receiver, one pass per step, every hook written out (clean run, sender corrupted)."""
     clean, corr = pairs.clean, pairs.corrupted
-    names = [_site("z", l) for l in range(model.n_layers)] + [_site("mlp_out", l) for l in range(model.n_layers)] + [_site("embed")]
+    names = (
+        [_site("z", l) for l in range(model.n_layers)]
+        + [_site("mlp_out", l) for l in range(model.n_layers)]
+        + [_site("embed")]
+    )
     clean_cache = model.read(clean, names)
     corr_cache = model.read(corr, names)
     if receiver.kind == "head":
@@ -26,6 +38,7 @@ def naive_path_patch(model, pairs, metric, sender, receiver, mlps="frozen"):
     recorded = {}
     hooks = {}
     for layer in range(model.n_layers):
+
         def z_hook(act, layer=layer):
             new = clean_cache[_site("z", layer)].clone()
             if sender.kind == "head" and sender.layer == layer:
@@ -45,8 +58,10 @@ def naive_path_patch(model, pairs, metric, sender, receiver, mlps="frozen"):
     if sender.kind == "embed":
         hooks[_site("embed")] = lambda act: corr_cache[_site("embed")].clone()
     if rsite not in hooks:
+
         def rec(act):
             recorded["value"] = act.clone()
+
         hooks[rsite] = rec
     model.run(clean, hooks)
     value = recorded["value"]

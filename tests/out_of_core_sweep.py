@@ -5,6 +5,7 @@
 Anonymous resident memory (``RssAnon``: heap and tensors, not the page cache of memory-mapped
 files) is sampled every 2 ms while the sweep runs; its largest growth is printed as JSON.
 """
+
 import json
 import sys
 import threading
@@ -31,8 +32,9 @@ def main():
     store = ActivationStore(root)
     meta = json.loads((ActivationStore(root).root / "labels.json").read_text())
     relation = Relation("synthetic", meta["subjects"], meta["answers"])
-    sweep = ProbeSweep(folds=3, control=False, readout=False, progress=False,
-                       sites_per_pass=1 if mode == "out_of_core" else None)
+    sweep = ProbeSweep(
+        folds=3, control=False, readout=False, progress=False, sites_per_pass=1 if mode == "out_of_core" else None
+    )
     base = rss_anon_mb()
     peak = [base]
     running = [True]

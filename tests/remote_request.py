@@ -4,6 +4,7 @@ Run with ``HF_HOME`` pointing at a cache that holds ``interp-test/tiny`` and ``H
 The hub lookup nnsight makes to canonicalize the repo id is answered from its cache, and the
 request itself is intercepted: the script prints the model key and the sites the request carried.
 """
+
 import json
 
 import nnsight.modeling.huggingface as hf_envoys

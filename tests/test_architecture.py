@@ -1,6 +1,7 @@
 """The architecture's contract: layers with one direction of dependency (import-linter), no
 hidden upward imports, the model handle as the only way to run a model (a study gives the same
 tables on both backends), one results writer with normal file permissions, one site builder."""
+
 import ast
 import json
 import os
@@ -47,7 +48,9 @@ def _local_own_imports(path: Path) -> list[str]:
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for node in ast.walk(fn):
-                if isinstance(node, ast.ImportFrom) and (node.level > 0 or (node.module or "").split(".")[0] in PACKAGES):
+                if isinstance(node, ast.ImportFrom) and (
+                    node.level > 0 or (node.module or "").split(".")[0] in PACKAGES
+                ):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
                 elif isinstance(node, ast.Import) and any(a.name.split(".")[0] in PACKAGES for a in node.names):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
@@ -132,11 +135,19 @@ def test_a_transformer_lens_native_model_fine_tunes(model_dirs):
     from lab.study import FinetuneConfig, finetune
 
     tok = word_tokenizer()
-    cfg = TransformerBridgeConfig(d_model=32, d_head=8, n_layers=2, n_ctx=32, n_heads=4, d_vocab=len(tok),
-                                  d_mlp=64, act_fn="gelu", seed=0)
+    cfg = TransformerBridgeConfig(
+        d_model=32, d_head=8, n_layers=2, n_ctx=32, n_heads=4, d_vocab=len(tok), d_mlp=64, act_fn="gelu", seed=0
+    )
     model = interp.load_model(cfg, backend="transformer_lens", tokenizer=tok)
-    tuned, info = finetune(model, ["the city is", "a country is"], ["Paris", "Rome"], ["Paris", "Rome"], "full",
-                           FinetuneConfig(max_steps=30, check_every=5, lr=3e-3), seed=0)
+    tuned, info = finetune(
+        model,
+        ["the city is", "a country is"],
+        ["Paris", "Rome"],
+        ["Paris", "Rome"],
+        "full",
+        FinetuneConfig(max_steps=30, check_every=5, lr=3e-3),
+        seed=0,
+    )
     assert tuned.backend_name == "transformer_lens" and info["steps"] <= 30
     assert tuned.logprobs(["the city is"], ["Paris", "Rome"]).shape == (1, 2)
     assert info["train_accuracy"] == 1.0
@@ -159,9 +170,18 @@ def test_a_study_gives_the_same_tables_on_both_backends(tmp_path):
 
     from lab.study import FinetuneConfig, StudyConfig, run_study
 
-    config = StudyConfig(finetune_budget=(9, 16), methods=("full",), label_seeds=(0,), finetune_seeds=(0,),
-                         other_categories=(), folds=3, n_boot=100, n_perm=100, n_null=100,
-                         finetune=FinetuneConfig(max_steps=30, check_every=10))
+    config = StudyConfig(
+        finetune_budget=(9, 16),
+        methods=("full",),
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        other_categories=(),
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        n_null=100,
+        finetune=FinetuneConfig(max_steps=30, check_every=10),
+    )
     tables = {}
     for backend in interp.BACKENDS:
         out = tmp_path / backend
@@ -182,4 +202,9 @@ def test_a_study_gives_the_same_tables_on_both_backends(tmp_path):
                 if (name, col) == ("probe_readout", "top_answers"):
                     assert differ.mean() <= 0.001, differ.mean()
                 else:
-                    assert not differ.any(), (name, col, x[col][differ].head(3).tolist(), y[col][differ].head(3).tolist())
+                    assert not differ.any(), (
+                        name,
+                        col,
+                        x[col][differ].head(3).tolist(),
+                        y[col][differ].head(3).tolist(),
+                    )

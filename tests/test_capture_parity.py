@@ -1,4 +1,5 @@
 """Capture equals the references: TransformerLens ``run_with_cache`` and HF hidden states."""
+
 import pytest
 import torch
 

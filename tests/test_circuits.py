@@ -1,4 +1,5 @@
 """Circuits: parity with TransformerLens' patching, naive references and analytic gradients."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,11 +56,13 @@ def test_activation_patching_equals_transformer_lens(model_dirs, backend, family
     model = interp.load_model(model_dirs[family], backend=backend)
     bridge = interp.load_model(model_dirs[family], backend="transformer_lens").backend.bridge
     pairs = _pairs(model)
-    df = ActivationPatching(model, "logit_diff", sites=[kind], by_position=by_position, batch_size=20,
-                            progress=False).run(pairs)
+    df = ActivationPatching(
+        model, "logit_diff", sites=[kind], by_position=by_position, batch_size=20, progress=False
+    ).run(pairs)
     _, clean_cache = bridge.run_with_cache(pairs.clean.input_ids)
-    ref = getattr(patching, TL_FUNCTIONS[(kind, by_position)])(bridge, pairs.corrupted.input_ids, clean_cache,
-                                                                _tl_metric(pairs))
+    ref = getattr(patching, TL_FUNCTIONS[(kind, by_position)])(
+        bridge, pairs.corrupted.input_ids, clean_cache, _tl_metric(pairs)
+    )
     ours = torch.tensor(df["score"].to_numpy(), dtype=ref.dtype)
     if kind in ("z", "q") and by_position:  # ours: layer, head, position; TL: layer, position, head
         ours = ours.reshape(ref.shape[0], ref.shape[2], ref.shape[1]).transpose(1, 2)
@@ -71,8 +74,9 @@ def test_activation_patching_directions_and_normalization(model_dirs, backend):
     model = interp.load_model(model_dirs["gpt2"], backend=backend)
     pairs = _pairs(model)
     fwd = ActivationPatching(model, "logit_diff", sites=["resid_pre"], progress=False).run(pairs)
-    back = ActivationPatching(model, "logit_diff", sites=["resid_pre"], direction="corrupted_into_clean",
-                              progress=False).run(pairs)
+    back = ActivationPatching(
+        model, "logit_diff", sites=["resid_pre"], direction="corrupted_into_clean", progress=False
+    ).run(pairs)
     assert fwd.attrs["clean_score"] == pytest.approx(back.attrs["clean_score"], abs=1e-5)
     # the prompts differ only in their first token: patching layer 0's residual there swaps the whole input
     full = fwd[(fwd.layer == 0) & (fwd.position == 0)]
@@ -94,16 +98,21 @@ def test_path_patching_equals_naive_reference(model_dirs, backend, family, mlps)
     senders = {s.name: s for s in all_nodes(model)}
     assert len(df) >= 30
     for row in df.itertuples():
-        ref = naive_path_patch(model, pairs, metric, senders[row.sender], parse_receivers(model, [row.receiver])[0], mlps)
+        ref = naive_path_patch(
+            model, pairs, metric, senders[row.sender], parse_receivers(model, [row.receiver])[0], mlps
+        )
         assert row.score == pytest.approx(ref, abs=1e-5), (row.sender, row.receiver)
 
 
 def test_mlp_variants_differ(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
     pairs = _pairs(model)
-    frozen = PathPatching(model, senders=["embed", "L0H1"], receivers=["logits"], mlps="frozen", progress=False).run(pairs)
-    recomputed = PathPatching(model, senders=["embed", "L0H1"], receivers=["logits"], mlps="recomputed",
-                              progress=False).run(pairs)
+    frozen = PathPatching(model, senders=["embed", "L0H1"], receivers=["logits"], mlps="frozen", progress=False).run(
+        pairs
+    )
+    recomputed = PathPatching(
+        model, senders=["embed", "L0H1"], receivers=["logits"], mlps="recomputed", progress=False
+    ).run(pairs)
     assert (frozen.score - recomputed.score).abs().max() > 1e-4  # the option changes what is measured
 
 
@@ -116,18 +125,26 @@ def test_path_patching_equals_transformer_lens_direct_path(model_dirs, backend, 
     pairs = _pairs(model)
     _, cc = bridge.run_with_cache(pairs.clean.input_ids)
     _, xc = bridge.run_with_cache(pairs.corrupted.input_ids)
-    ref = patching.get_act_patch_direct_path(bridge, pairs.corrupted.input_ids, cc, xc, _tl_metric(pairs), 0, 2,
-                                             component=component, verbose=False)
-    df = PathPatching(model, senders=["L0H2"], receivers=[f"L1H{h}.{component}" for h in range(4)], mlps="frozen",
-                      direction="clean_into_corrupted", progress=False).run(pairs)
+    ref = patching.get_act_patch_direct_path(
+        bridge, pairs.corrupted.input_ids, cc, xc, _tl_metric(pairs), 0, 2, component=component, verbose=False
+    )
+    df = PathPatching(
+        model,
+        senders=["L0H2"],
+        receivers=[f"L1H{h}.{component}" for h in range(4)],
+        mlps="frozen",
+        direction="clean_into_corrupted",
+        progress=False,
+    ).run(pairs)
     torch.testing.assert_close(torch.tensor(df.score.to_numpy(), dtype=ref.dtype), ref[1], atol=1e-5, rtol=1e-5)
 
 
 def test_joint_receivers(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="transformer_lens")
     pairs = _pairs(model)
-    df = PathPatching(model, senders=["L0H0", "L0H3"], receivers=["L1H0.q", "L1H1.k"], joint_receivers=True,
-                      progress=False).run(pairs)
+    df = PathPatching(
+        model, senders=["L0H0", "L0H3"], receivers=["L1H0.q", "L1H1.k"], joint_receivers=True, progress=False
+    ).run(pairs)
     assert list(df.receiver.unique()) == ["L1H0.q+L1H1.k"] and len(df) == 2
 
 
@@ -146,6 +163,7 @@ def _hf_reference(model_dir, pairs, alphas=(0.0,)):
         z, resid, qkv = {}, {}, {}
         handles = []
         for layer, block in enumerate(hf.transformer.h):
+
             def pre_z(mod, args, layer=layer):
                 if grads:
                     args[0].retain_grad()
@@ -159,9 +177,11 @@ def _hf_reference(model_dir, pairs, alphas=(0.0,)):
                     out.retain_grad()
                 qkv[layer] = out
 
-            handles += [block.attn.c_proj.register_forward_pre_hook(pre_z),
-                        block.register_forward_pre_hook(pre_block, with_kwargs=True),
-                        block.attn.c_attn.register_forward_hook(out_qkv)]
+            handles += [
+                block.attn.c_proj.register_forward_pre_hook(pre_z),
+                block.register_forward_pre_hook(pre_block, with_kwargs=True),
+                block.attn.c_attn.register_forward_hook(out_qkv),
+            ]
         embeds = hf.transformer.wte(ids)
         if alpha:
             embeds = embeds + alpha * (hf.transformer.wte(pairs.clean.input_ids) - embeds).detach()
@@ -293,8 +313,9 @@ def test_path_patching_finds_induction_circuit(induction, backend):
     prev_head = int(prev.argmax())
     assert prev[prev_head] > 0.6 and ind.min() > 0.6  # a previous-token head and induction heads exist
     receivers = [f"L1H{h}.{c}" for h in range(model.n_heads) for c in "qkv"]
-    df = PathPatching(model, induction_metric, senders=[f"L0H{h}" for h in range(model.n_heads)], receivers=receivers,
-                      progress=False).run(pairs)
+    df = PathPatching(
+        model, induction_metric, senders=[f"L0H{h}" for h in range(model.n_heads)], receivers=receivers, progress=False
+    ).run(pairs)
     top = df.sort_values("score").iloc[0]  # corrupting the sender lowers the metric most
     assert top.sender == f"L0H{prev_head}" and top.receiver_input == "k"
     assert top.normalized > 0.2
@@ -317,8 +338,13 @@ def test_single_token_corruption_isolates_the_previous_token_path():
         prev = previous_token_scores(model, pairs)
         weak = int(prev.argmin())
         assert prev[weak] < 0.3 < 0.6 < prev.max()
-        df = PathPatching(model, induction_metric, senders=[f"L0H{h}" for h in range(model.n_heads)], receivers=receivers,
-                          progress=False).run(pairs)
+        df = PathPatching(
+            model,
+            induction_metric,
+            senders=[f"L0H{h}" for h in range(model.n_heads)],
+            receivers=receivers,
+            progress=False,
+        ).run(pairs)
         top = df.sort_values("normalized", ascending=False).iloc[0]
         assert top.sender == f"L0H{int(prev.argmax())}" and top.receiver_input == "k"
         credit[corruption] = df[df.sender == f"L0H{weak}"].normalized.abs().max()
@@ -391,9 +417,13 @@ def test_cli_induction_and_figures(tmp_path):
     from lab.cli import app
 
     out = tmp_path / "ind"
-    result = CliRunner().invoke(app, ["circuits", "induction", "--out", str(out), "--pairs", "8", "--n-random", "5", "--formats", "html,png"])
+    result = CliRunner().invoke(
+        app, ["circuits", "induction", "--out", str(out), "--pairs", "8", "--n-random", "5", "--formats", "html,png"]
+    )
     assert result.exit_code == 0, result.output
-    assert (out / "path_patching.csv").exists() and (out / "figures" / "circuit_path_patching.png").stat().st_size > 5000
+    assert (out / "path_patching.csv").exists() and (
+        out / "figures" / "circuit_path_patching.png"
+    ).stat().st_size > 5000
     assert (out / "figures" / "faithfulness.png").exists() and (out / "figures" / "node_faithfulness.png").exists()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["faithfulness"]["EAP-IG-inputs"]["cpr"] > summary["faithfulness"]["EAP-IG-inputs"]["random_cpr"]

@@ -82,8 +82,10 @@ def undeclared(root: Path = ROOT) -> list[str]:
         if not dists:
             problems.append(f"{module} (imported in {where}): not installed; declare the distribution that provides it")
         elif not dists & declared:
-            problems.append(f"{module} (imported in {where}): provided by {', '.join(sorted(dists))}, "
-                            "which pyproject.toml does not declare; add it to the right extra")
+            problems.append(
+                f"{module} (imported in {where}): provided by {', '.join(sorted(dists))}, "
+                "which pyproject.toml does not declare; add it to the right extra"
+            )
     return problems
 
 

@@ -1,4 +1,5 @@
 """Scale-out: the Ray executor, crash recovery, out-of-core probe sweeps, the remote code path."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,18 @@ RELATIONS = ["continent", "hand", "season", "diet"]
 def _config():
     from lab.study import FinetuneConfig, StudyConfig
 
-    return StudyConfig(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
-                       folds=3, n_boot=100, n_perm=100, finetune=FinetuneConfig(max_steps=30, check_every=10))
+    return StudyConfig(
+        n_finetune=3,
+        methods=("full",),
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        other_categories=(),
+        n_null=200,
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        finetune=FinetuneConfig(max_steps=30, check_every=10),
+    )
 
 
 def _tables(out: Path) -> dict[str, pd.DataFrame]:
@@ -53,8 +64,9 @@ def serial_study(tmp_path_factory):
 def test_ray_study_equals_serial(ray_cluster, serial_study, tmp_path):
     from lab.study import run_study
 
-    result = run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False,
-                       executor=RayExecutor(num_cpus=1))
+    result = run_study(
+        "world", RELATIONS, out=tmp_path, config=_config(), progress=False, executor=RayExecutor(num_cpus=1)
+    )
     assert result.complete
     _assert_same(_tables(serial_study), _tables(tmp_path))
 
@@ -69,8 +81,10 @@ def test_the_thread_count_changes_only_the_last_digits_of_losses(serial_study, t
     a, b = _tables(serial_study), _tables(tmp_path)
     assert (a["predictions"].predicted_label == b["predictions"].predicted_label).all()
     assert (a["finetunes"].final_loss - b["finetunes"].final_loss).abs().max() < 1e-5
-    _assert_same({k: v.drop(columns=["final_loss"], errors="ignore") for k, v in a.items()},
-                 {k: v.drop(columns=["final_loss"], errors="ignore") for k, v in b.items()})
+    _assert_same(
+        {k: v.drop(columns=["final_loss"], errors="ignore") for k, v in a.items()},
+        {k: v.drop(columns=["final_loss"], errors="ignore") for k, v in b.items()},
+    )
 
 
 @pytest.mark.slow
@@ -85,8 +99,9 @@ def test_killed_worker_loses_nothing_and_restart_recomputes_nothing(ray_cluster,
     runs = tmp_path / "runs"
     finished = {p.stem: p.stat().st_mtime_ns for p in runs.glob("*.json")}
     assert victim not in finished and len(finished) == len(jobs) - 1  # every other job finished and was saved
-    result = run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False,
-                       executor=RayExecutor(num_cpus=1))
+    result = run_study(
+        "world", RELATIONS, out=tmp_path, config=_config(), progress=False, executor=RayExecutor(num_cpus=1)
+    )
     assert result.complete
     for stem, mtime in finished.items():  # finished jobs were not recomputed
         assert (runs / f"{stem}.json").stat().st_mtime_ns == mtime
@@ -100,9 +115,12 @@ def test_killed_worker_loses_nothing_and_restart_recomputes_nothing(ray_cluster,
     pa, pb = a["predictions"], b["predictions"]
     assert len(pa) == len(pb) and (pa.predicted_label == pb.predicted_label).mean() >= 0.995
     ra, rb = a["relations"], b["relations"]
-    assert (ra.relation == rb.relation).all() and ((ra.generalization_full - rb.generalization_full).abs() <= 0.005).all()
+    assert (ra.relation == rb.relation).all() and (
+        (ra.generalization_full - rb.generalization_full).abs() <= 0.005
+    ).all()
     assert ra.drop(columns=[c for c in ra if c.startswith("generalization")]).equals(
-        rb.drop(columns=[c for c in rb if c.startswith("generalization")]))
+        rb.drop(columns=[c for c in rb if c.startswith("generalization")])
+    )
 
 
 class _FakeStudy:
@@ -121,8 +139,9 @@ def test_serial_executor_collects_failures():
 
     seen = []
     with pytest.raises(JobsFailedError, match="job-2: RuntimeError: boom"):
-        SerialExecutor(progress=False).map(fn, [1, 2, 3], on_result=lambda i, r: seen.append(r),
-                                           labels=["job-1", "job-2", "job-3"])
+        SerialExecutor(progress=False).map(
+            fn, [1, 2, 3], on_result=lambda i, r: seen.append(r), labels=["job-1", "job-2", "job-3"]
+        )
     assert seen == [10, 30]  # the other jobs still ran
 
 
@@ -161,18 +180,25 @@ def _synthetic_store(root: Path, n: int = 12000, d: int = 256, n_sites: int = 24
     store.prepare({"model": "synthetic", "data": "synthetic", "sites": sites, "dtype": "float32"}, n, shard)
     for k in range(-(-n // shard)):
         rows = slice(k * shard, min(n, (k + 1) * shard))
-        store.write_shard(k, {s: (means[answers[rows]] * (0.05 * (i + 1)) + torch.randn(rows.stop - rows.start, d, generator=gen))
-                              for i, s in enumerate(sites)})
-    (root / "labels.json").write_text(json.dumps({"subjects": [f"s{i}" for i in range(n)],
-                                                 "answers": [f"a{int(a)}" for a in answers]}))
+        store.write_shard(
+            k,
+            {
+                s: (means[answers[rows]] * (0.05 * (i + 1)) + torch.randn(rows.stop - rows.start, d, generator=gen))
+                for i, s in enumerate(sites)
+            },
+        )
+    (root / "labels.json").write_text(
+        json.dumps({"subjects": [f"s{i}" for i in range(n)], "answers": [f"a{int(a)}" for a in answers]})
+    )
     return root
 
 
 def _sweep(store: Path, mode: str, tmp_path: Path) -> tuple[dict, pd.DataFrame]:
     script = Path(__file__).parent / "out_of_core_sweep.py"
     csv = tmp_path / f"{mode}.csv"
-    out = subprocess.run([sys.executable, str(script), str(store), mode, str(csv)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, str(script), str(store), mode, str(csv)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1]), pd.read_csv(csv)
 
 
@@ -204,8 +230,13 @@ def test_remote_capture_reaches_the_ndif_request(tmp_path):
     refs.mkdir()
     (refs / "main").write_text("0" * 40)
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, str(Path(__file__).parent / "remote_request.py")], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "remote_request.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["reached"] and '"repo_id": "interp-test/tiny"' in result["model_key"]

@@ -1,5 +1,6 @@
 """The study on an encoder: masked-slot scoring with a tied read-out, LoRA targets, LRE
 qualification, missing covariates, and the whole pipeline on a tiny random BERT (resumable)."""
+
 from collections import Counter
 
 import pandas as pd
@@ -28,8 +29,16 @@ def tiny_bert_dir(tmp_path_factory, minilm_dir):
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(minilm_dir)
-    model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                 max_position_embeddings=64, vocab_size=tok.vocab_size))
+    model = BertModel(
+        BertConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            vocab_size=tok.vocab_size,
+        )
+    )
     path = tmp_path_factory.mktemp("tiny_bert")
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -122,8 +131,15 @@ SMALL_RELATIONS = ["word sentiment", "occupation age", "univ degree gender", "ob
 
 
 def _encoder_config():
-    return real_model_config(label_seeds=(0,), finetune_seeds=(0,), folds=3, n_boot=100, n_perm=100, n_null=100,
-                             finetune=FinetuneConfig(lr=3e-3, lora_lr=3e-3, max_steps=20, check_every=10))
+    return real_model_config(
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        n_null=100,
+        finetune=FinetuneConfig(lr=3e-3, lora_lr=3e-3, max_steps=20, check_every=10),
+    )
 
 
 def _relations():
@@ -170,8 +186,9 @@ def test_interventions_run_on_an_encoder(tiny_bert_dir, tmp_path):
     """Erasure and steering through the masked slot: states read with the slot, subject found
     before '[MASK] [SEP]', every arm fine-tuned and scored."""
     model = interp.load_model(str(tiny_bert_dir))
-    run = Interventions(model, _relations()[:2], tmp_path, InterventionConfig(n_random=1, n_boot=50), _encoder_config(),
-                        progress=False)
+    run = Interventions(
+        model, _relations()[:2], tmp_path, InterventionConfig(n_random=1, n_boot=50), _encoder_config(), progress=False
+    )
     table = run.run()
     assert len(table) == 2 and (table.layer < model.n_layers - 1).all()
     assert (table.leftover_covariance < 1e-4).all()

@@ -1,4 +1,5 @@
 """Bad input gets an error that names the problem and the fix."""
+
 import pytest
 
 import interp
@@ -36,7 +37,12 @@ def test_empty_input(model):
 
 def test_subject_not_in_prompt(model):
     with pytest.raises(interp.SubjectNotFoundError, match="'Berlin' not found in prompt 0"):
-        interp.capture(model, [Prompt("Paris is in France", "Berlin")], sites=["blocks.0.hook_resid_post"], positions="subject_last")
+        interp.capture(
+            model,
+            [Prompt("Paris is in France", "Berlin")],
+            sites=["blocks.0.hook_resid_post"],
+            positions="subject_last",
+        )
 
 
 def test_subject_position_without_subject(model):
@@ -45,7 +51,9 @@ def test_subject_position_without_subject(model):
 
 
 def test_hub_name_without_local_weights(backend):
-    with pytest.raises(interp.ModelNotFoundError, match=r"no local weights for 'gpt2-not-here'.*load_model\('\./gpt2-not-here'\)"):
+    with pytest.raises(
+        interp.ModelNotFoundError, match=r"no local weights for 'gpt2-not-here'.*load_model\('\./gpt2-not-here'\)"
+    ):
         interp.load_model("gpt2-not-here", backend=backend)
 
 

@@ -1,4 +1,5 @@
 """Edge patching (the exact effect of any set of edges) and circuit faithfulness (MIB's CPR / CMD)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,15 +22,24 @@ from circuits.faithfulness import areas
 from circuits.metrics import as_metric
 from circuits.runs import metric_of
 
-CLEAN = ["Paris is the capital of France", "Rome is the capital of Italy", "Tokyo is the capital of Japan",
-         "Mira is the capital of Spain"]
-CORRUPTED = ["Berlin is the capital of France", "Madrid is the capital of Italy", "Vorn is the capital of Japan",
-             "Oba is the capital of Spain"]
+CLEAN = [
+    "Paris is the capital of France",
+    "Rome is the capital of Italy",
+    "Tokyo is the capital of Japan",
+    "Mira is the capital of Spain",
+]
+CORRUPTED = [
+    "Berlin is the capital of France",
+    "Madrid is the capital of Italy",
+    "Vorn is the capital of Japan",
+    "Oba is the capital of Spain",
+]
 
 
 def _pairs(model):
-    return make_pairs(model, CLEAN, CORRUPTED, answer=["Paris", "Rome", "Tokyo", "Mira"],
-                      wrong=["Berlin", "Madrid", "Vorn", "Oba"])
+    return make_pairs(
+        model, CLEAN, CORRUPTED, answer=["Paris", "Rome", "Tokyo", "Mira"], wrong=["Berlin", "Madrid", "Vorn", "Oba"]
+    )
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama_gqa", "gpt_neox"])  # sequential, grouped-query, parallel blocks
@@ -50,7 +60,9 @@ def test_edge_patching_endpoints_and_single_edges(model_dirs, backend, family):
     masks[torch.arange(len(picks)), torch.tensor(picks.index.tolist())] = 1.0
     single = ep.evaluate(pairs, masks).mean(-1)
     for value, row in zip(single.tolist(), picks.itertuples()):
-        pp = PathPatching(model, senders=[row.sender], receivers=[row.receiver], mlps="frozen", progress=False).run(pairs)
+        pp = PathPatching(model, senders=[row.sender], receivers=[row.receiver], mlps="frozen", progress=False).run(
+            pairs
+        )
         assert value == pytest.approx(pp.score.item(), abs=1e-5), (row.sender, row.receiver)
 
 
@@ -59,8 +71,9 @@ def test_all_edges_out_of_a_node_equal_activation_patching(model_dirs):
     pairs = _pairs(model)
     ep = EdgePatching(model, "logit_diff", progress=False)
     edges = ep.edges()
-    ap = ActivationPatching(model, sites=["z"], by_position=False, direction="corrupted_into_clean",
-                            progress=False).run(pairs)
+    ap = ActivationPatching(
+        model, sites=["z"], by_position=False, direction="corrupted_into_clean", progress=False
+    ).run(pairs)
     for head in ("L0H1", "L1H3"):
         mask = torch.tensor((edges.sender == head).to_numpy(), dtype=torch.float32)
         got = ep.evaluate(pairs, mask).mean().item()
@@ -72,9 +85,13 @@ def test_mean_ablation_replaces_a_node_by_its_mean(model_dirs, backend):
     """Mean over the pairs that reach each position (pairs of different lengths: padding is not
     averaged in); small batches give the same numbers as one."""
     model = interp.load_model(model_dirs["llama_gqa"], backend=backend)
-    pairs = make_pairs(model, CLEAN + ["Rome is the capital of Italy and it is located in Spain"],
-                       CORRUPTED + ["Madrid is the capital of Italy and it is located in Spain"],
-                       answer=["Paris", "Rome", "Tokyo", "Mira", "Rome"], wrong=["Berlin", "Madrid", "Vorn", "Oba", "Madrid"])
+    pairs = make_pairs(
+        model,
+        CLEAN + ["Rome is the capital of Italy and it is located in Spain"],
+        CORRUPTED + ["Madrid is the capital of Italy and it is located in Spain"],
+        answer=["Paris", "Rome", "Tokyo", "Mira", "Rome"],
+        wrong=["Berlin", "Madrid", "Vorn", "Oba", "Madrid"],
+    )
     ep = EdgePatching(model, "logit_diff", ablation="mean", progress=False)
     edges = ep.edges()
     mask = torch.tensor((edges.sender == "L0H2").to_numpy(), dtype=torch.float32)
@@ -133,8 +150,13 @@ def induction():
     # under the single-token corruption the path is: the previous-token head reads the changed token's
     # embedding (its value), writes it into the next position, where both induction heads' keys read it;
     # the induction heads write the answer into the logits
-    known = {("embed", f"L0H{prev}.v"), (f"L0H{prev}", "L1H0.k"), (f"L0H{prev}", "L1H1.k"), ("L1H0", "logits"),
-             ("L1H1", "logits")}
+    known = {
+        ("embed", f"L0H{prev}.v"),
+        (f"L0H{prev}", "L1H0.k"),
+        (f"L0H{prev}", "L1H1.k"),
+        ("L1H0", "logits"),
+        ("L1H1", "logits"),
+    }
     return model, pairs, known
 
 

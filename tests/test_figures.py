@@ -1,4 +1,5 @@
 """Paper figures: static exports have the requested size; every figure regenerates from saved data."""
+
 from __future__ import annotations
 
 import re
@@ -43,17 +44,37 @@ def test_regenerate_every_figure_of_a_results_folder(tmp_path):
     from lab.cli import app
 
     root = tmp_path / "results"
-    pp = pd.DataFrame({"sender": ["L0H0", "embed"], "receiver": ["L1H0.k", "L1H1.v"], "sender_layer": [0, -1],
-                       "sender_head": [0, None], "receiver_layer": [1, 1], "receiver_head": [0, 1],
-                       "receiver_input": ["k", "v"], "score": [-1.0, -0.5], "normalized": [0.4, 0.2]})
+    pp = pd.DataFrame(
+        {
+            "sender": ["L0H0", "embed"],
+            "receiver": ["L1H0.k", "L1H1.v"],
+            "sender_layer": [0, -1],
+            "sender_head": [0, None],
+            "receiver_layer": [1, 1],
+            "receiver_head": [0, 1],
+            "receiver_input": ["k", "v"],
+            "score": [-1.0, -0.5],
+            "normalized": [0.4, 0.2],
+        }
+    )
     pp.attrs["target_score"] = 0.0
     save_table(pp, root / "circuits", "path_patching")
     runs = root / "grok" / "runs"
     runs.mkdir(parents=True)
-    pd.DataFrame({"step": [0, 100], "train_accuracy": [0.1, 1.0], "test_accuracy": [0.05, 0.9],
-                  "centroid_alignment": [0.1, -0.2], "seconds": [0, 1], "condition": "weight_decay", "seed": 0}
-                 ).to_csv(runs / "weight_decay_seed0.csv", index=False)
-    pd.DataFrame({"condition": ["weight_decay"], "seed": [0], "grok_step": [100]}).to_csv(root / "grok" / "grokking.csv")
+    pd.DataFrame(
+        {
+            "step": [0, 100],
+            "train_accuracy": [0.1, 1.0],
+            "test_accuracy": [0.05, 0.9],
+            "centroid_alignment": [0.1, -0.2],
+            "seconds": [0, 1],
+            "condition": "weight_decay",
+            "seed": 0,
+        }
+    ).to_csv(runs / "weight_decay_seed0.csv", index=False)
+    pd.DataFrame({"condition": ["weight_decay"], "seed": [0], "grok_step": [100]}).to_csv(
+        root / "grok" / "grokking.csv"
+    )
     result = CliRunner().invoke(app, ["figures", str(root), "--formats", "html,png"])
     assert result.exit_code == 0, result.output
     assert (root / "circuits" / "figures" / "circuit_path_patching.png").stat().st_size > 5000

@@ -1,5 +1,6 @@
 """Erasure and steering: the erased activations on both backends, the eraser's data, readability
 after erasure, and the whole test on a tiny random LM (both backends) and on the world model."""
+
 import itertools
 import json
 
@@ -37,7 +38,11 @@ def _relations():
     rels = []
     for k, name in enumerate(["r0", "r1", "r2", "r3"]):
         subj = _subjects(60)
-        rels.append(Relation(name, subj, [answers[(i * (k + 1) + i // 7) % (2 + k % 3)] for i in range(len(subj))], "{} lives in"))
+        rels.append(
+            Relation(
+                name, subj, [answers[(i * (k + 1) + i // 7) % (2 + k % 3)] for i in range(len(subj))], "{} lives in"
+            )
+        )
     return rels
 
 
@@ -68,8 +73,9 @@ def test_erased_and_steered_activations_are_identical_on_both_backends():
         before = interp.capture(model, prompts, sites=[site], positions="all", progress=False)[site]
         sub = interp.capture(model, prompts, sites=[site], positions="subject_last", progress=False)[site]
         eraser = fit_leace(sub, [i % 3 for i in range(len(prompts))])
-        after = interp.capture(model.intervened(site, erasing(locate, eraser)), prompts, sites=[site], positions="all",
-                               progress=False)[site]
+        after = interp.capture(
+            model.intervened(site, erasing(locate, eraser)), prompts, sites=[site], positions="all", progress=False
+        )[site]
         last = [len(model.tokenizer(p.subject)["input_ids"]) - 1 for p in prompts]
         for i, pos in enumerate(last):  # erased at the subject's last token, untouched elsewhere
             torch.testing.assert_close(after[i, pos], eraser(before[i, pos]), atol=1e-5, rtol=0)
@@ -78,8 +84,9 @@ def test_erased_and_steered_activations_are_identical_on_both_backends():
         enc = model.tokenizer([p.text for p in prompts])
         keys = [locate.prefix(ids, m) for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
         vec = {keys[0]: torch.ones(model.d_model)}
-        steered = interp.capture(model.intervened(site, steering(locate, vec)), prompts, sites=[site], positions="all",
-                                 progress=False)[site]
+        steered = interp.capture(
+            model.intervened(site, steering(locate, vec)), prompts, sites=[site], positions="all", progress=False
+        )[site]
         torch.testing.assert_close(steered[0, last[0]], before[0, last[0]] + 1, atol=1e-5, rtol=0)
         torch.testing.assert_close(steered[1:], before[1:], atol=0, rtol=0)
         got[backend] = after
@@ -95,8 +102,15 @@ def test_subject_end_refuses_a_template_it_cannot_find():
 
 
 def _tiny_study_config():
-    return real_model_config(label_seeds=(0,), finetune_seeds=(0,), folds=3, n_boot=100, n_perm=100, n_null=100,
-                             finetune=FinetuneConfig(template=TEMPLATE, lr=3e-3, max_steps=20, check_every=10))
+    return real_model_config(
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        n_null=100,
+        finetune=FinetuneConfig(template=TEMPLATE, lr=3e-3, max_steps=20, check_every=10),
+    )
 
 
 TINY_LABELS = {"animals": ("city", "country", "capital", "born", "part"), "vehicles": ("the", "a", "of", "on", "at")}
@@ -106,8 +120,9 @@ TINY_LABELS = {"animals": ("city", "country", "capital", "born", "part"), "vehic
 def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
     model = _tiny(backend)
     cfg = InterventionConfig(n_random=2, n_boot=100)
-    table = Interventions(model, _relations(), tmp_path, cfg, _tiny_study_config(), backend=backend, progress=False,
-                          labels=TINY_LABELS).run()
+    table = Interventions(
+        model, _relations(), tmp_path, cfg, _tiny_study_config(), backend=backend, progress=False, labels=TINY_LABELS
+    ).run()
     assert len(table) == 4 and (table["rank"] == table.n_answers - 1).all()
     arms = pd.read_csv(tmp_path / "arms.csv")
     assert set(arms.kind) == {"none", "leace", "shuffled", "random"} and len(arms) == 20
@@ -132,17 +147,31 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
         return fit(x, answers, n_random, seed)
 
     monkeypatch.setattr(iv, "fit_erasers", spy)
-    study_cfg = StudyConfig(finetune_budget=(60, 90), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), folds=3,
-                            n_boot=100, n_perm=100, n_null=100, finetune=FinetuneConfig(max_steps=60, check_every=10))
-    run = Interventions("world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg,
-                        progress=False)
+    study_cfg = StudyConfig(
+        finetune_budget=(60, 90),
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        other_categories=(),
+        folds=3,
+        n_boot=100,
+        n_perm=100,
+        n_null=100,
+        finetune=FinetuneConfig(max_steps=60, check_every=10),
+    )
+    run = Interventions(
+        "world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
+    )
     table = run.run()
     # the eraser saw exactly the fine-tuning subjects' states, never a held-out one
     for x, name in zip(seen, WORLD_RELATIONS):
         r = run.study.relations[name]
         d = run.study.design(r, "animals", 0)
         layer = int(table.set_index("relation").loc[name, "layer"])
-        ft = iv.states(run.model, [Prompt(study_cfg.finetune.template.format(r.subjects[i]), r.subjects[i]) for i in d.finetune], layer)
+        ft = iv.states(
+            run.model,
+            [Prompt(study_cfg.finetune.template.format(r.subjects[i]), r.subjects[i]) for i in d.finetune],
+            layer,
+        )
         torch.testing.assert_close(x, ft, atol=1e-5, rtol=0)
         assert len(x) == len(d.finetune) < len(d.finetune) + len(d.heldout)
     # readability after erasure is at chance on the fitted states, while it was high before
@@ -154,6 +183,7 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
     assert (table.transfer_after_kappa < table.transfer_before_kappa).all()
     # a second run reads every arm from disk: no fine-tune runs again, same tables
     monkeypatch.setattr(iv, "finetune", lambda *a, **k: pytest.fail("a finished arm was fine-tuned again"))
-    again = Interventions("world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg,
-                          progress=False).run()
+    again = Interventions(
+        "world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
+    ).run()
     pd.testing.assert_frame_equal(table, again)

@@ -1,4 +1,5 @@
 """Jacobians, GrokAlign measures and regularizer, linear relational embeddings."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Model handles: every way to load, and reading/writing sites through the same API."""
+
 import pytest
 import torch
 from tiny_models import build, word_tokenizer
@@ -26,15 +27,26 @@ def test_in_memory_modules_and_bridges(backend):
         bridge = from_module.backend.bridge
         again = interp.load_model(bridge, backend="transformer_lens", tokenizer=tok)
         torch.testing.assert_close(again.run(PROMPTS), from_dir_logits)
-    switched = interp.load_model(from_module, backend="nnsight" if backend == "transformer_lens" else "transformer_lens")
+    switched = interp.load_model(
+        from_module, backend="nnsight" if backend == "transformer_lens" else "transformer_lens"
+    )
     torch.testing.assert_close(switched.run(PROMPTS), from_dir_logits, atol=1e-5, rtol=0)
 
 
 def test_boot_native_from_config():
     from transformer_lens.config import TransformerBridgeConfig
 
-    cfg = TransformerBridgeConfig(d_model=32, d_head=8, n_layers=2, n_ctx=32, n_heads=4, d_vocab=len(word_tokenizer()),
-                                  d_mlp=64, act_fn="gelu", seed=0)
+    cfg = TransformerBridgeConfig(
+        d_model=32,
+        d_head=8,
+        n_layers=2,
+        n_ctx=32,
+        n_heads=4,
+        d_vocab=len(word_tokenizer()),
+        d_mlp=64,
+        act_fn="gelu",
+        seed=0,
+    )
     model = interp.load_model(cfg, backend="transformer_lens", tokenizer=word_tokenizer())
     assert model.n_layers == 2 and "blocks.1.hook_resid_post" in model.sites
     acts = interp.capture(model, PROMPTS, sites=["blocks.1.hook_resid_post"])

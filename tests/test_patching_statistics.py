@@ -1,4 +1,5 @@
 """Per-pair statistics for patching: parity with TransformerLens 4, calibration under the null, heatmap masks."""
+
 from __future__ import annotations
 
 import itertools
@@ -18,7 +19,7 @@ COUNTRIES = ["France", "Germany", "Italy", "Spain"]
 
 def _pairs(model, n: int):
     """``n`` same-length pairs "X is the capital of Y" / "X' is the capital of Y" (X != X')."""
-    combos = [(a, b, c) for a, b in itertools.permutations(CITIES, 2) for c in COUNTRIES][:: 7][:n]
+    combos = [(a, b, c) for a, b in itertools.permutations(CITIES, 2) for c in COUNTRIES][::7][:n]
     clean = [f"{a} is the capital of {c}" for a, b, c in combos]
     corrupted = [f"{b} is the capital of {c}" for a, b, c in combos]
     return make_pairs(model, clean, corrupted, answer=[a for a, _, _ in combos], wrong=[b for _, b, _ in combos])
@@ -38,8 +39,9 @@ def test_statistics_equal_transformer_lens(model_dirs, backend, n):
         return logits[rows, -1, pairs.answer] - logits[rows, -1, pairs.wrong]
 
     _, clean_cache = bridge.run_with_cache(pairs.clean.input_ids)
-    ref = patching.get_act_patch_resid_pre(bridge, pairs.corrupted.input_ids, clean_cache, metric, reduce="none",
-                                           baseline=True)
+    ref = patching.get_act_patch_resid_pre(
+        bridge, pairs.corrupted.input_ids, clean_cache, metric, reduce="none", baseline=True
+    )
     values = ref.values.reshape(-1, n)  # [layer * pos, n], layer-major like our rows
     torch.testing.assert_close(ap.per_pair_, values, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ap.baseline_, ref.baseline, atol=1e-5, rtol=1e-5)
@@ -83,11 +85,13 @@ def test_fdr_matches_statsmodels():
 def test_path_and_attribution_statistics(model_dirs, backend):
     model = interp.load_model(model_dirs["gpt2"], backend=backend)
     pairs = _pairs(model, 8)
-    pp = PathPatching(model, senders=["embed", "L0H1", "L0H2"], receivers=["L1H0.k", "logits"], statistics=True,
-                      progress=False)
+    pp = PathPatching(
+        model, senders=["embed", "L0H1", "L0H2"], receivers=["L1H0.k", "logits"], statistics=True, progress=False
+    )
     df = pp.run(pairs)
-    plain = PathPatching(model, senders=["embed", "L0H1", "L0H2"], receivers=["L1H0.k", "logits"],
-                         progress=False).run(pairs)
+    plain = PathPatching(model, senders=["embed", "L0H1", "L0H2"], receivers=["L1H0.k", "logits"], progress=False).run(
+        pairs
+    )
     np.testing.assert_allclose(df.score, plain.score, atol=1e-6)  # statistics change nothing else
     np.testing.assert_allclose(pp.per_pair_.mean(-1).numpy(), df.score, atol=1e-5)
     np.testing.assert_allclose(df.effect, df.score - df.attrs["target_score"], atol=1e-5)
@@ -144,4 +148,6 @@ def test_float_noise_is_not_an_effect():
 def test_statistics_refuse_tables_that_do_not_fit(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
     with pytest.raises(MemoryError, match="restrict the grid"):
-        ActivationPatching(model, sites=["z"], statistics=Uncertainty(max_bytes=100), progress=False).run(_pairs(model, 4))
+        ActivationPatching(model, sites=["z"], statistics=Uncertainty(max_bytes=100), progress=False).run(
+            _pairs(model, 4)
+        )

@@ -1,5 +1,6 @@
 """Probe quality beyond accuracy: balanced accuracy and AUROC against scikit-learn, and the
 online codelength (MDL) against a naive loop of scikit-learn probes."""
+
 import numpy as np
 import pytest
 import torch
@@ -28,9 +29,10 @@ def _relation(y, name="r"):
 @pytest.mark.parametrize("classes", [2, 4])
 def test_balanced_accuracy_and_auroc_match_sklearn(classes):
     X, y = planted(300, classes, 1.5)
-    y[: 200] = 0  # lopsided classes: balanced accuracy differs from accuracy
+    y[:200] = 0  # lopsided classes: balanced accuracy differs from accuracy
     df = ProbeSweep(folds=3, control=False, dtype=torch.float64, tol=1e-9).run(
-        {"r": {"blocks.0.hook_resid_post": torch.tensor(X)}}, [_relation(y)])
+        {"r": {"blocks.0.hook_resid_post": torch.tensor(X)}}, [_relation(y)]
+    )
     for fold, (tr, te) in enumerate(StratifiedKFold(3, shuffle=True, random_state=0).split(X, y)):
         ref = make_pipeline(StandardScaler(), LogisticRegression(max_iter=10_000, tol=1e-10)).fit(X[tr], y[tr])
         p = ref.predict_proba(X[te])
@@ -58,7 +60,14 @@ def _naive_codelength(X, y, seed, fractions):
 
 def test_online_codelength_matches_a_naive_loop_and_separates_real_from_random_labels():
     X, y = planted(400, 3, 1.0)
-    fractions = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)  # a first block with every class (scikit-learn cannot score unseen ones)
+    fractions = (
+        0.05,
+        0.1,
+        0.2,
+        0.4,
+        0.8,
+        1.0,
+    )  # a first block with every class (scikit-learn cannot score unseen ones)
     first = block_ends(len(y), fractions)[0]
     seed = next(s for s in range(100) if len(set(y[np.random.default_rng(s).permutation(len(y))[:first]])) == 3)
     got = online_codelength(X, y, fractions, seed=seed, tol=1e-9)
@@ -110,7 +119,9 @@ def test_compare_predictors_on_a_finished_study(finished_study, tmp_path):
     table = compare_predictors(out, model, from_world(load_world()), n_boot=200, n_perm=200)
     assert (out / "predictors.csv").exists() and (out / "predictor_correlations.csv").exists()
     full = table[table.outcome == "generalization_kappa_full"].set_index("predictor")
-    assert {"readability_best", "compression_best", "selectivity_best", "auroc_best", "balanced_accuracy_best"} <= set(full.index)
+    assert {"readability_best", "compression_best", "selectivity_best", "auroc_best", "balanced_accuracy_best"} <= set(
+        full.index
+    )
     for p, row in full.drop(index=READABILITY).iterrows():
         if np.isnan(row.pearson_r):  # a predictor constant over the 4 relations (LRE causality) has no r
             continue

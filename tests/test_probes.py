@@ -1,4 +1,5 @@
 """Probes agree with scikit-learn, recover planted structure, fall to chance on noise."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -67,7 +68,9 @@ def test_batched_equals_single_fits():
     batched = fit_logistic(X, y, train, C=0.7, tol=1e-9, dtype=torch.float64)
     for g in range(3):
         for k in range(2):
-            ref = LogisticRegression(C=0.7, tol=1e-10, max_iter=10_000).fit(X[g][train[k]].numpy(), y[k][train[k]].numpy())
+            ref = LogisticRegression(C=0.7, tol=1e-10, max_iter=10_000).fit(
+                X[g][train[k]].numpy(), y[k][train[k]].numpy()
+            )
             np.testing.assert_allclose(batched.coef[g, k].numpy().T, ref.coef_, atol=1e-5)
     assert batched.converged.all()
 
@@ -94,16 +97,32 @@ def _relation(y, name="r"):
 def test_sweep_on_planted_and_shuffled_labels():
     X, y = planted(n=500, classes=5, noise=1.5)
     shuffled = np.random.default_rng(3).permutation(y)
-    feats = {"real": {"blocks.0.hook_resid_post": torch.tensor(X, dtype=torch.float32)},
-             "noise": {"blocks.0.hook_resid_post": torch.tensor(X, dtype=torch.float32)}}
+    feats = {
+        "real": {"blocks.0.hook_resid_post": torch.tensor(X, dtype=torch.float32)},
+        "noise": {"blocks.0.hook_resid_post": torch.tensor(X, dtype=torch.float32)},
+    }
     df = sweep(feats, [_relation(y, "real"), _relation(shuffled, "noise")], folds=5, seeds=(0, 1))
     assert len(df) == 2 * 5 * 2
     by = df.groupby("relation")[["accuracy", "control_accuracy", "selectivity", "chance"]].mean()
     assert by.loc["real", "accuracy"] > 0.8 and by.loc["real", "selectivity"] > 0.5
     assert abs(by.loc["noise", "accuracy"] - 0.2) < 0.06  # chance = 1/5
     assert abs(by.loc["noise", "selectivity"]) < 0.06
-    assert set(df.columns) >= {"model", "relation", "site", "layer", "fold", "seed", "accuracy", "top_k_accuracy",
-                               "log_loss", "chance", "n_train", "n_classes", "control_accuracy", "selectivity"}
+    assert set(df.columns) >= {
+        "model",
+        "relation",
+        "site",
+        "layer",
+        "fold",
+        "seed",
+        "accuracy",
+        "top_k_accuracy",
+        "log_loss",
+        "chance",
+        "n_train",
+        "n_classes",
+        "control_accuracy",
+        "selectivity",
+    }
 
 
 def test_sweep_matches_a_loop_of_sklearn():

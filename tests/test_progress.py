@@ -1,4 +1,5 @@
 """Progress in a log: with stderr redirected, long stages report through logging."""
+
 import logging
 import subprocess
 import sys
@@ -38,7 +39,8 @@ def test_the_command_line_logs_progress_when_its_output_is_a_file(tmp_path):
     code = "import sys; from lab.cli import app; sys.argv = ['interp', 'world', 'report']; app()"
     env = {"INTERP_PROGRESS_INTERVAL": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     with open(log, "w") as f:
-        subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=600,
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-c", code], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=600, check=True
+        )
     text = log.read_text()
     assert "probes: 96/96 sites (100%)" in text, text[-2000:]

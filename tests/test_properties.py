@@ -5,6 +5,7 @@ padding sides, sites and positions, with a fixed example budget (``EXAMPLES`` pe
 derandomized, so CI is fast and reproducible); ``COUNTS`` records how many examples ran and the
 last test checks that every property ran its budget.
 """
+
 from collections import Counter
 
 import pytest
@@ -22,8 +23,12 @@ from jacobians import JacobianError, jacobian
 FAMILIES = ["gpt2", "gpt_neox", "llama", "bert"]
 EXAMPLES = 12
 COUNTS: Counter = Counter()
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 words = st.lists(st.sampled_from(WORDS), min_size=1, max_size=7).map(" ".join)
 prompt_lists = st.lists(words, min_size=1, max_size=4)
@@ -52,13 +57,20 @@ def test_backends_agree(models, family, prompts, position, data):
 
 
 @SETTINGS
-@given(family=st.sampled_from(FAMILIES), backend=st.sampled_from(interp.BACKENDS), prompts=prompt_lists,
-       side=st.sampled_from(["left", "right"]), position=st.sampled_from(["last", 0, -1]), data=st.data())
+@given(
+    family=st.sampled_from(FAMILIES),
+    backend=st.sampled_from(interp.BACKENDS),
+    prompts=prompt_lists,
+    side=st.sampled_from(["left", "right"]),
+    position=st.sampled_from(["last", 0, -1]),
+    data=st.data(),
+)
 def test_a_prompt_alone_equals_it_in_any_padded_batch(models, family, backend, prompts, side, position, data):
     model = models[(family, backend)]
     site = data.draw(st.sampled_from(model.sites))
-    batch = interp.capture(model, prompts, sites=[site], positions=position, padding_side=side, batch_size=len(prompts),
-                           progress=False)[site]
+    batch = interp.capture(
+        model, prompts, sites=[site], positions=position, padding_side=side, batch_size=len(prompts), progress=False
+    )[site]
     for i, p in enumerate(prompts):
         alone = interp.capture(model, [p], sites=[site], positions=position, progress=False)[site]
         torch.testing.assert_close(batch[i], alone[0], atol=1e-5, rtol=1e-5)
@@ -67,7 +79,9 @@ def test_a_prompt_alone_equals_it_in_any_padded_batch(models, family, backend, p
 
 @SETTINGS
 @given(family=st.sampled_from(FAMILIES), backend=st.sampled_from(interp.BACKENDS), prompts=prompt_lists, data=st.data())
-def test_patching_a_run_with_its_own_activations_and_identity_hooks_change_nothing(models, family, backend, prompts, data):
+def test_patching_a_run_with_its_own_activations_and_identity_hooks_change_nothing(
+    models, family, backend, prompts, data
+):
     model = models[(family, backend)]
     sites = data.draw(st.lists(st.sampled_from(model.sites), min_size=1, max_size=3, unique=True))
     batch = model.batch(model.encode(prompts))
@@ -121,22 +135,43 @@ def test_jacobians_match_finite_differences(models64, family, prompt, seed):
     COUNTS["jacobian vs finite differences"] += 1
 
 
-OUR_ERRORS = (UnknownSiteError, PositionError, SubjectNotFoundError, UnknownComponentError, JacobianError, ValueError,
-              TypeError)
+OUR_ERRORS = (
+    UnknownSiteError,
+    PositionError,
+    SubjectNotFoundError,
+    UnknownComponentError,
+    JacobianError,
+    ValueError,
+    TypeError,
+)
 junk_site = st.text(alphabet="abcdefghijklmnopqrstuvwxyz._0123456789", min_size=0, max_size=24)
-junk_input = st.one_of(st.just([]), st.just(""), st.integers(), st.lists(st.integers(min_value=-5, max_value=5), max_size=3),
-                       st.just([[]]), st.just({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(3, 2)}),
-                       st.just(torch.rand(2, 2)), st.just([interp.Prompt("the city", subject="Rome")]))
+junk_input = st.one_of(
+    st.just([]),
+    st.just(""),
+    st.integers(),
+    st.lists(st.integers(min_value=-5, max_value=5), max_size=3),
+    st.just([[]]),
+    st.just({"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(3, 2)}),
+    st.just(torch.rand(2, 2)),
+    st.just([interp.Prompt("the city", subject="Rome")]),
+)
 
 
 @SETTINGS
-@given(family=st.sampled_from(FAMILIES), backend=st.sampled_from(interp.BACKENDS), site=junk_site, bad=junk_input,
-       position=st.one_of(positions, st.integers(-40, 40), st.just("subject_last"), st.just("middle")))
+@given(
+    family=st.sampled_from(FAMILIES),
+    backend=st.sampled_from(interp.BACKENDS),
+    site=junk_site,
+    bad=junk_input,
+    position=st.one_of(positions, st.integers(-40, 40), st.just("subject_last"), st.just("middle")),
+)
 def test_malformed_input_raises_our_error_with_a_message(models, family, backend, site, bad, position):
     model = models[(family, backend)]
-    for call in (lambda: interp.capture(model, ["the city"], sites=[site], progress=False),
-                 lambda: interp.capture(model, bad, sites=model.sites[:1], progress=False),
-                 lambda: interp.capture(model, ["the city is"], sites=model.sites[:1], positions=position, progress=False)):
+    for call in (
+        lambda: interp.capture(model, ["the city"], sites=[site], progress=False),
+        lambda: interp.capture(model, bad, sites=model.sites[:1], progress=False),
+        lambda: interp.capture(model, ["the city is"], sites=model.sites[:1], positions=position, progress=False),
+    ):
         try:
             call()
         except OUR_ERRORS as err:

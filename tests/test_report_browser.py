@@ -1,4 +1,5 @@
 """The study's HTML report renders in headless Chromium: figures drawn, no script errors."""
+
 import shutil
 import subprocess
 
@@ -12,11 +13,26 @@ def test_report_renders_with_figures(finished_study, tmp_path):
     out, _ = finished_study
     shot = tmp_path / "report.png"
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--window-size=1400,3000", "--virtual-time-budget=15000",
-         f"--screenshot={shot}", (out / "report.html").as_uri()],
-        capture_output=True, text=True, timeout=180,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1400,3000",
+            "--virtual-time-budget=15000",
+            f"--screenshot={shot}",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert shot.exists() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
     console = [l for l in proc.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]

@@ -1,4 +1,5 @@
 """The activation store: shards, manifest, resume after an interruption."""
+
 import json
 
 import pytest
@@ -8,14 +9,18 @@ import interp
 from interp import ActivationStore, Prompt
 from interp.store import StoreMismatchError
 
-PROMPTS = [Prompt(f"Vorn Kallit lives in the city of {c}", "Vorn Kallit") for c in "Paris Berlin Rome Madrid Tokyo".split()] * 3
+PROMPTS = [
+    Prompt(f"Vorn Kallit lives in the city of {c}", "Vorn Kallit") for c in "Paris Berlin Rome Madrid Tokyo".split()
+] * 3
 
 
 def test_store_matches_in_memory_capture(model_dirs, backend, tmp_path):
     model = interp.load_model(model_dirs["gpt2"], backend=backend)
     sites = ["blocks.0.hook_resid_post", "blocks.1.attn.hook_z"]
     mem = interp.capture(model, PROMPTS, sites=sites, positions="subject_last", batch_size=4)
-    store = interp.capture(model, PROMPTS, sites=sites, positions="subject_last", batch_size=4, store=tmp_path / "s", shard_size=4)
+    store = interp.capture(
+        model, PROMPTS, sites=sites, positions="subject_last", batch_size=4, store=tmp_path / "s", shard_size=4
+    )
     assert store.complete and store.n_shards == 4
     reopened = ActivationStore(tmp_path / "s")
     for s in sites:

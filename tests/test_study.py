@@ -1,4 +1,5 @@
 """The generalization study: design, statistics, end to end, resume."""
+
 import json
 
 import numpy as np
@@ -129,31 +130,61 @@ def test_small_study_outputs_are_consistent(finished):
         assert r.generalization_full == pytest.approx(g.correct.mean())
         assert r.generalization_kappa_full == pytest.approx(cohen_kappa_score(g.label, g.predicted_label))
         assert 0 <= r.readability_best <= 1 and r.readability_best_kappa >= r.readability_fixed_kappa - 1e-12
-        assert r.chance_uniform == pytest.approx(1 / r.n_answers) and r.chance_uniform <= r.chance + 1e-12 <= r.chance_majority + 2e-12
+        assert (
+            r.chance_uniform == pytest.approx(1 / r.n_answers)
+            and r.chance_uniform <= r.chance + 1e-12 <= r.chance_majority + 2e-12
+        )
     # the budget design: fine-tuning subjects per relation drawn from the budget, spread evenly
     assert rel.n_finetune_subjects.between(2 * 2, 16 + 4).all()
     # the headline is the kappa correlation; the raw one is secondary
-    head = stats[(stats.method == "full") & (stats.predictor == "readability_best_kappa") & (stats.outcome == "generalization_kappa")
-                 & (stats.analysis == "pearson")].iloc[0]
+    head = stats[
+        (stats.method == "full")
+        & (stats.predictor == "readability_best_kappa")
+        & (stats.outcome == "generalization_kappa")
+        & (stats.analysis == "pearson")
+    ].iloc[0]
     assert head.r == pytest.approx(sps.pearsonr(rel.readability_best_kappa, rel.generalization_kappa_full).statistic)
-    assert summary["headline"]["pearson"]["r"] == pytest.approx(head.r) and summary["headline"]["measure"] == "Cohen's kappa"
-    assert summary["raw"]["pearson"]["r"] == pytest.approx(sps.pearsonr(rel.readability_best, rel.generalization_full).statistic)
-    assert "ci_method" in stats and set(stats.analysis) >= {"pearson", "spearman", "partial:chance", "partial:n_answers"}
+    assert (
+        summary["headline"]["pearson"]["r"] == pytest.approx(head.r)
+        and summary["headline"]["measure"] == "Cohen's kappa"
+    )
+    assert summary["raw"]["pearson"]["r"] == pytest.approx(
+        sps.pearsonr(rel.readability_best, rel.generalization_full).statistic
+    )
+    assert "ci_method" in stats and set(stats.analysis) >= {
+        "pearson",
+        "spearman",
+        "partial:chance",
+        "partial:n_answers",
+    }
     # null calibration table: every statistic, raw and kappa
     null = result.table("null_calibration")
     assert set(null.outcome) == {"generalization", "generalization_kappa"} and (null.n_sim == 200).all()
     assert set(null.method) == {"full", "lora"}
-    head_null = null[(null.method == "full") & (null.outcome == "generalization_kappa") & (null.analysis == "pearson")].iloc[0]
-    assert summary["null_calibration"]["headline_false_positive_rate"] == pytest.approx(head_null.false_positive_rate_monte_carlo)
-    assert head_null.observed_r == pytest.approx(head.r) and summary["headline"]["pearson"]["p_monte_carlo"] == pytest.approx(head_null.p_monte_carlo)
+    head_null = null[
+        (null.method == "full") & (null.outcome == "generalization_kappa") & (null.analysis == "pearson")
+    ].iloc[0]
+    assert summary["null_calibration"]["headline_false_positive_rate"] == pytest.approx(
+        head_null.false_positive_rate_monte_carlo
+    )
+    assert head_null.observed_r == pytest.approx(head.r) and summary["headline"]["pearson"][
+        "p_monte_carlo"
+    ] == pytest.approx(head_null.p_monte_carlo)
     assert head.p_monte_carlo == pytest.approx(head_null.p_monte_carlo)
     # error back-mapping: every wrong label maps back to a different original answer; rates are over wrong answers only
     wrong = preds[~preds.correct]
     assert (wrong.backmapped_answer != wrong.answer).all()
     bm = result.table("backmap")
     for b in bm.itertuples():
-        errs = wrong[(wrong.method == b.method) & (wrong.relation == b.relation) & (wrong.category == "animals") & (wrong.label_seed == 0)]
-        assert b.n_errors == len(errs) and b.probe_rate == pytest.approx(errs.in_probe_topk.dropna().astype(float).mean())
+        errs = wrong[
+            (wrong.method == b.method)
+            & (wrong.relation == b.relation)
+            & (wrong.category == "animals")
+            & (wrong.label_seed == 0)
+        ]
+        assert b.n_errors == len(errs) and b.probe_rate == pytest.approx(
+            errs.in_probe_topk.dropna().astype(float).mean()
+        )
         assert b.model_expected_rate == pytest.approx(min(3, b.n_answers - 1) / (b.n_answers - 1))
         assert 0 <= b.probe_shuffled_rate <= 1
         assert b.informative == (b.n_answers - 1 > 3)
@@ -181,7 +212,9 @@ def test_same_seed_same_numbers_and_resume(finished, tmp_path):
 
 def test_a_different_study_in_the_same_folder_is_refused(finished):
     out, _ = finished
-    with pytest.raises(ValueError, match=r"holds a different study \(.*relations added \['month'\], removed \['diet'\]"):
+    with pytest.raises(
+        ValueError, match=r"holds a different study \(.*relations added \['month'\], removed \['diet'\]"
+    ):
         run_study("world", RELATIONS[:3] + ["month"], out=out, config=SMALL, progress=False)
 
 
@@ -189,28 +222,53 @@ def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
     from lab.study.causal import causal_test, without_augmentation
     from lab.world import RelationSpec, TrainConfig, WorldSpec
 
-    spec = WorldSpec(seed=5, n_subjects=60, label_sentences=1, relations=(
-        RelationSpec("city", "city", 4, templates=3, mentions=2, augment=True, bio=True),
-        RelationSpec("sport", "sport", 3, templates=3, mentions=2, augment=True, bio=True),
-        RelationSpec("month", "month", 4),
-        RelationSpec("season", "season", 3),
-    ))
+    spec = WorldSpec(
+        seed=5,
+        n_subjects=60,
+        label_sentences=1,
+        relations=(
+            RelationSpec("city", "city", 4, templates=3, mentions=2, augment=True, bio=True),
+            RelationSpec("sport", "sport", 3, templates=3, mentions=2, augment=True, bio=True),
+            RelationSpec("month", "month", 4),
+            RelationSpec("season", "season", 3),
+        ),
+    )
     plain = without_augmentation(spec, ["city", "sport"])
     assert [r.augment for r in plain.relations] == [False] * 4 and plain.relations[2:] == spec.relations[2:]
     from lab.world import World
 
     assert World.generate(plain).facts.equals(World.generate(spec).facts)  # same facts, different writing
-    cfg = SMALL.__class__(n_finetune=3, methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
-                          folds=3, n_boot=50, n_perm=50, finetune=SMALL.finetune)
-    df = causal_test(tmp_path, ["city", "sport"], spec=spec, train=TrainConfig(steps=10, n_layers=1, d_model=32, batch_size=8),
-                     config=cfg, progress=False)
+    cfg = SMALL.__class__(
+        n_finetune=3,
+        methods=("full",),
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        other_categories=(),
+        n_null=200,
+        folds=3,
+        n_boot=50,
+        n_perm=50,
+        finetune=SMALL.finetune,
+    )
+    df = causal_test(
+        tmp_path,
+        ["city", "sport"],
+        spec=spec,
+        train=TrainConfig(steps=10, n_layers=1, d_model=32, batch_size=8),
+        config=cfg,
+        progress=False,
+    )
     assert len(df) == 4 and df.manipulated.sum() == 2 and df.writing_identical.tolist() == [False, False, True, True]
     summary = json.loads((tmp_path / "causal.json").read_text())
     assert set(summary["mean_delta"]) == {"manipulated", "untouched", "untouched, not derived"}
     did = summary["difference_in_differences"]["vs untouched"]["delta_generalization"]
-    assert did["estimate"] == pytest.approx(df[df.manipulated].delta_generalization.mean() - df[~df.manipulated].delta_generalization.mean())
+    assert did["estimate"] == pytest.approx(
+        df[df.manipulated].delta_generalization.mean() - df[~df.manipulated].delta_generalization.mean()
+    )
     assert did["ci_low"] <= did["estimate"] <= did["ci_high"]
-    assert (tmp_path / "study_plain" / "report.html").exists() and (tmp_path / "study_augmented" / "report.html").exists()
+    assert (tmp_path / "study_plain" / "report.html").exists() and (
+        tmp_path / "study_augmented" / "report.html"
+    ).exists()
 
 
 def test_the_plain_world_rewrites_only_the_manipulated_relations():
@@ -270,7 +328,9 @@ def test_null_and_findings_commands_rebuild_from_saved_tables(finished, tmp_path
     summary = json.loads((copy / "summary.json").read_text())
     assert (null.n_sim == 300).all() and summary["null_calibration"]["n_sim"] == 300
     assert "p_monte_carlo" in pd.read_csv(copy / "stats.csv")
-    res = CliRunner().invoke(app, ["study", "findings", "--study", str(copy), "--out", str(tmp_path / "docs" / "study.md")])
+    res = CliRunner().invoke(
+        app, ["study", "findings", "--study", str(copy), "--out", str(tmp_path / "docs" / "study.md")]
+    )
     assert res.exit_code == 0, res.output
     page = (tmp_path / "docs" / "study.md").read_text()
     assert "Monte-Carlo p" in page and "### Null calibration" in page and "| continent |" in page

@@ -1,5 +1,6 @@
 """The study's measures mean what they say: kappa, chance levels, the budget design, the null
 calibration of every statistic, and the back-mapping baseline."""
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -38,15 +39,20 @@ def test_the_budget_design_decouples_finetuning_subjects_from_answers():
     n_ft = [per_answer(finetune_budget(f"relation{i}", 40, 120, seed=0), n) * n for i, n in enumerate(n_answers)]
     r = sps.pearsonr(n_ft, n_answers).statistic
     assert abs(r) < 0.5  # a fixed number per answer would make it exactly 1
-    assert finetune_budget("city", 40, 120, 0) == finetune_budget("city", 40, 120, 0) != finetune_budget("city", 40, 120, 1)
+    assert (
+        finetune_budget("city", 40, 120, 0)
+        == finetune_budget("city", 40, 120, 0)
+        != finetune_budget("city", 40, 120, 1)
+    )
 
 
 def test_our_permutation_p_matches_scipy():
     rng = np.random.default_rng(2)
     x = rng.normal(size=15)
     y = 0.4 * x + rng.normal(size=15)
-    ref = sps.permutation_test((x, y), lambda a, b: sps.pearsonr(a, b).statistic, permutation_type="pairings",
-                               n_resamples=9999, random_state=0).pvalue
+    ref = sps.permutation_test(
+        (x, y), lambda a, b: sps.pearsonr(a, b).statistic, permutation_type="pairings", n_resamples=9999, random_state=0
+    ).pvalue
     assert permutation_p(x, y, 9999, np.random.default_rng(3)) == pytest.approx(ref, abs=0.02)
 
 
@@ -75,7 +81,9 @@ def _null_design(n_rel=16, seed=0) -> NullDesign:
         read_k.append(k)
         read.append(chance + (1 - chance) * k * 0.5 + 0.5 / n)  # raw readability carries chance, like a probe's
         rows.append({"n_answers": n, "n_finetune_subjects": int(rng.integers(40, 121)), "chance": chance})
-    return NullDesign([f"r{j}" for j in range(n_rel)], truth, shares, np.array(read), np.array(read_k), pd.DataFrame(rows))
+    return NullDesign(
+        [f"r{j}" for j in range(n_rel)], truth, shares, np.array(read), np.array(read_k), pd.DataFrame(rows)
+    )
 
 
 def test_null_simulation_outcomes_have_no_generalization():
@@ -121,8 +129,16 @@ def test_backmap_against_a_uniformly_random_wrong_answer():
             back = rng.choice(wrong)
             probe_wrong = list(rng.choice(wrong, k, replace=False))
             model_wrong = list(rng.choice(wrong, k, replace=False))
-            rows.append({"method": "full", "relation": rel, "in_probe_topk": back in probe_wrong, "in_model_topk": back in model_wrong,
-                         "probe_slots": k, "model_slots": k})
+            rows.append(
+                {
+                    "method": "full",
+                    "relation": rel,
+                    "in_probe_topk": back in probe_wrong,
+                    "in_model_topk": back in model_wrong,
+                    "probe_slots": k,
+                    "model_slots": k,
+                }
+            )
     rows[0]["in_probe_topk"], rows[0]["probe_slots"] = None, None  # a subject the probe did not rank is not a miss
     table = backmap_table(pd.DataFrame(rows), {"r1": n, "r2": n, "r3": n}, k)
     assert np.allclose(table.probe_expected_rate, 3 / 9) and np.allclose(table.model_expected_rate, 3 / 9)

@@ -1,4 +1,5 @@
 """Every bad input of a study fails before any work, with a message that says what to do."""
+
 import json
 from dataclasses import replace
 
@@ -8,13 +9,26 @@ from interp.relations import Relation, RelationError, load_relations
 from lab.study import FinetuneConfig, Study, StudyConfig, StudyConfigError, run_study
 
 RELATIONS = ["continent", "hand", "season", "diet"]
-CFG = StudyConfig(finetune_budget=(9, 16), methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(),
-                  folds=3, n_boot=100, n_perm=100, n_null=200)
+CFG = StudyConfig(
+    finetune_budget=(9, 16),
+    methods=("full",),
+    label_seeds=(0,),
+    finetune_seeds=(0,),
+    other_categories=(),
+    folds=3,
+    n_boot=100,
+    n_perm=100,
+    n_null=200,
+)
 
 
 def _no_work_done(out):
     """Nothing was computed: no readability table, no fine-tune."""
-    return not (out / "readability.csv").exists() and not list((out / "runs").glob("*.json")) if (out / "runs").exists() else True
+    return (
+        not (out / "readability.csv").exists() and not list((out / "runs").glob("*.json"))
+        if (out / "runs").exists()
+        else True
+    )
 
 
 def test_fixed_layer_beyond_the_model_fails_before_any_work(tmp_path):
@@ -44,7 +58,12 @@ def test_every_problem_is_listed_at_once(tmp_path):
         run_study("world", RELATIONS, out=tmp_path, config=cfg, progress=False)
     msg = str(err.value)
     assert len(err.value.problems) == 4
-    for part in ("category 'birds' is not a label category; valid: animals", "folds=1", "'qlora'", "finetune_budget=(30, 10)"):
+    for part in (
+        "category 'birds' is not a label category; valid: animals",
+        "folds=1",
+        "'qlora'",
+        "finetune_budget=(30, 10)",
+    ):
         assert part in msg
     with pytest.raises(StudyConfigError, match="unknown StudyConfig field"):
         run_study("world", RELATIONS, out=tmp_path, config=CFG, progress=False, n_finetunes=3)
@@ -67,8 +86,12 @@ def test_a_malformed_relation_file_names_the_file_and_the_json_path(tmp_path):
     with pytest.raises(RelationError, match=r"bad\.json: \$\.samples\[3\]\.answer must be a non-empty string"):
         load_relations(bad)
     lre = tmp_path / "lre.json"
-    lre.write_text(json.dumps({"name": "r", "prompt_templates": ["{} is"], "samples": [{"subject": "x", "answer": "y"}]}))
-    with pytest.raises(RelationError, match=r"lre\.json: \$\.samples\[0\]\.object must .*keys there: \['answer', 'subject'\]"):
+    lre.write_text(
+        json.dumps({"name": "r", "prompt_templates": ["{} is"], "samples": [{"subject": "x", "answer": "y"}]})
+    )
+    with pytest.raises(
+        RelationError, match=r"lre\.json: \$\.samples\[0\]\.object must .*keys there: \['answer', 'subject'\]"
+    ):
         load_relations(lre)
     broken = tmp_path / "broken.json"
     broken.write_text('{"name": "r", "samples": [')
@@ -107,7 +130,9 @@ def test_the_folder_guard_compares_contents_not_names(tmp_path, model_dirs):
     rels = _tiny_relations()
     Study(model, rels, tmp_path, cfg)._check_folder()
     Study(model, rels, tmp_path, cfg)._check_folder()  # the same study resumes
-    changed = rels[:1] + [Relation("born", rels[1].subjects, list(reversed(rels[1].answers)), rels[1].template)] + rels[2:]
+    changed = (
+        rels[:1] + [Relation("born", rels[1].subjects, list(reversed(rels[1].answers)), rels[1].template)] + rels[2:]
+    )
     with pytest.raises(ValueError, match=r"relations contents changed: \['born'\]"):
         Study(model, changed, tmp_path, cfg)._check_folder()
     with pytest.raises(ValueError, match=r"configuration: folds 3 -> 4"):

@@ -1,4 +1,5 @@
 """Probe sweeps captured from models: the world model (both backends) and MiniLM on LRE data."""
+
 import pytest
 
 import interp
@@ -24,8 +25,9 @@ def test_world_sweep_agrees_across_backends(world_relations):
 
 
 def test_minilm_sweep_over_layers_on_lre_relations(minilm_dir):
-    relations = load_relations([lre_dir() / "factual" / "person_plays_pro_sport.json",
-                                lre_dir() / "linguistic" / "word_first_letter.json"])
+    relations = load_relations(
+        [lre_dir() / "factual" / "person_plays_pro_sport.json", lre_dir() / "linguistic" / "word_first_letter.json"]
+    )
     model = interp.load_model(minilm_dir, backend="nnsight")
     sites = [f"blocks.{l}.hook_resid_post" for l in range(model.n_layers)]
     sweep = ProbeSweep(sites=sites, folds=3)
@@ -46,8 +48,15 @@ def test_sweep_from_an_activation_store_equals_sweep_from_the_model(tmp_path, wo
     model = interp.load_model("world", backend="nnsight")
     rel = world_relations[1]  # continent
     sites = [model.resid_site(l) for l in range(model.n_layers)]
-    store = interp.capture(model, rel.prompts(), sites=sites, positions="subject_last", batch_size=64,  # as the sweep does
-                           store=tmp_path / "s", shard_size=320)
+    store = interp.capture(
+        model,
+        rel.prompts(),
+        sites=sites,
+        positions="subject_last",
+        batch_size=64,  # as the sweep does
+        store=tmp_path / "s",
+        shard_size=320,
+    )
     from_store = ProbeSweep(folds=3).run({rel.name: interp.ActivationStore(tmp_path / "s")}, [rel], model_name="world")
     from_model = ProbeSweep(folds=3).run(model, [rel])
     assert store.complete

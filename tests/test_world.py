@@ -1,4 +1,5 @@
 """The synthetic world, its tokenizer, its pretraining, and the shipped world model."""
+
 import json
 
 import pytest
@@ -19,7 +20,8 @@ from lab.world import (
 from lab.world.report import recall
 
 SMALL = WorldSpec(
-    seed=3, n_subjects=60,
+    seed=3,
+    n_subjects=60,
     relations=(
         RelationSpec("city", "city", 6, templates=3, mentions=2, augment=True, bio=True),
         RelationSpec("country", "country", 3, "city", augment=True, bio=True),
@@ -91,8 +93,10 @@ def test_mixed_training_adds_question_form_statements_for_a_fraction_of_subjects
     added = sorted(set(mixed.corpus()) - set(plain.corpus()))
     # only biography relations' facts, each as the canonical query followed by its answer
     bio = [r.name for r in SMALL.relations if r.bio]
-    assert added and all(any(d == f"{s} {mixed.templates(r)[0]} {mixed.answer(s, r)} ." for s in mixed.subjects for r in bio)
-                         for d in added)
+    assert added and all(
+        any(d == f"{s} {mixed.templates(r)[0]} {mixed.answer(s, r)} ." for s in mixed.subjects for r in bio)
+        for d in added
+    )
     asked = {d.rsplit(" ", 4)[0] for d in added}
     share = len({s for s in mixed.subjects if any(a.startswith(s) for a in asked)}) / len(mixed.subjects)
     assert 0.3 < share < 0.7, share
@@ -147,7 +151,10 @@ def test_tokenizer_round_trip():
     "bad, message",
     [
         (dict(relations=()), "at least one relation"),
-        (dict(n_subjects=5, relations=(RelationSpec("city", "city", 10),)), "more answers .* than the world has subjects"),
+        (
+            dict(n_subjects=5, relations=(RelationSpec("city", "city", 10),)),
+            "more answers .* than the world has subjects",
+        ),
         (dict(relations=(RelationSpec("city", "city", 40),)), "2 to 30 answers"),
         (dict(relations=(RelationSpec("c", "c", 5, "nothing"),)), "derived from 'nothing'"),
         (dict(relations=(RelationSpec("c", "c", 5),), qa_fraction=1.5), "qa_fraction is a fraction"),
@@ -168,15 +175,23 @@ def test_unknown_knob():
 
 
 def test_twenty_step_training_run(tmp_path, backend):
-    path = train_world_model(SMALL, tmp_path / "w", TrainConfig(steps=20, n_layers=2, d_model=32, batch_size=8), progress=False)
-    assert {"model.safetensors", "config.json", "world_spec.json", "train_log.csv", "tokenizer.json"} <= {p.name for p in path.iterdir()}
+    path = train_world_model(
+        SMALL, tmp_path / "w", TrainConfig(steps=20, n_layers=2, d_model=32, batch_size=8), progress=False
+    )
+    assert {"model.safetensors", "config.json", "world_spec.json", "train_log.csv", "tokenizer.json"} <= {
+        p.name for p in path.iterdir()
+    }
     log = (path / "train_log.csv").read_text().splitlines()
     assert log[0].startswith("step,epoch,loss") and len(log) >= 2
     model = interp.load_model(path, backend=backend)
     world = load_world(path)
     assert world.subjects == World.generate(SMALL).subjects
-    acts = interp.capture(model, world.queries("city")[["prompt", "subject"]],
-                          sites=["blocks.1.hook_resid_post"], positions="subject_last")
+    acts = interp.capture(
+        model,
+        world.queries("city")[["prompt", "subject"]],
+        sites=["blocks.1.hook_resid_post"],
+        positions="subject_last",
+    )
     assert acts["blocks.1.hook_resid_post"].shape == (60, 32)
 
 
@@ -197,7 +212,7 @@ def test_packing_rows(pack):
     for row in rows.tolist():
         assert len(row) == 64
         body = row[: len(row) - row[::-1].index(2)] if 2 in row else []
-        assert all(t == 0 for t in row[len(body):]), "padding only after the last document"
+        assert all(t == 0 for t in row[len(body) :]), "padding only after the last document"
         seen += [tuple(g) for g in _split(body)]
     assert sorted(seen) == sorted(tuple(d[:63]) for d in docs)
     assert (rows == 0).float().mean() < 0.15  # first fit leaves little padding
@@ -233,7 +248,9 @@ def test_shipped_world_model_captures_through_both_backends():
     world = load_world()
     prompts = world.queries("city").head(16)[["prompt", "subject"]]
     sites = ["blocks.0.hook_resid_post", "blocks.3.attn.hook_z"]
-    a = interp.capture(interp.load_model("world", backend="transformer_lens"), prompts, sites=sites, positions="subject_last")
+    a = interp.capture(
+        interp.load_model("world", backend="transformer_lens"), prompts, sites=sites, positions="subject_last"
+    )
     b = interp.capture(interp.load_model("world", backend="nnsight"), prompts, sites=sites, positions="subject_last")
     for s in sites:  # activations reach ~200 here: agreement to 1e-5 relative
         torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=1e-5)

@@ -1,4 +1,5 @@
 """Tiny random HuggingFace models with a word-level tokenizer, saved to directories, for tests."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,20 +45,47 @@ def build(family: str, seed: int = 0):
         cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=64, **common)
         model = GPT2LMHeadModel(cfg)
     elif family == "gpt_neox":
-        cfg = GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                            max_position_embeddings=64, **common)
+        cfg = GPTNeoXConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **common,
+        )
         model = GPTNeoXForCausalLM(cfg)
     elif family == "llama":
-        cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                          intermediate_size=64, max_position_embeddings=64, **common)
+        cfg = LlamaConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **common,
+        )
         model = LlamaForCausalLM(cfg)
     elif family == "llama_gqa":  # grouped-query attention (Llama-3 / Qwen shapes): 4 query heads, 2 key/value heads
-        cfg = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          intermediate_size=64, max_position_embeddings=64, **common)
+        cfg = LlamaConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **common,
+        )
         model = LlamaForCausalLM(cfg)
     elif family == "bert":
-        cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                         max_position_embeddings=64, vocab_size=v, pad_token_id=0)
+        cfg = BertConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            vocab_size=v,
+            pad_token_id=0,
+        )
         model = BertModel(cfg)
     else:
         raise ValueError(family)

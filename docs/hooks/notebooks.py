@@ -9,6 +9,7 @@ Pages under ``docs/`` link to a notebook the way GitHub resolves it, ``../tutori
 the hook rewrites such links to the notebook's place in the site, so one link works in both. The
 same goes the other way: a notebook's link to ``../docs/<page>.md`` becomes that page's URL.
 """
+
 from __future__ import annotations
 
 import os

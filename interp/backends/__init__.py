@@ -2,6 +2,7 @@
 
 Each imports its library when first used, so ``import interp`` stays light.
 """
+
 from __future__ import annotations
 
 from .base import Backend, HookFn

@@ -7,6 +7,7 @@ for per-head sites) and returns ``None`` to leave it unchanged (a *read*) or a t
 shape to replace it (a *write*). Capture, patching and Jacobians are all built on this single
 primitive, so they run unchanged on every backend.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -130,7 +131,9 @@ class Backend(ABC):
 
     def _require_hf(self, what: str) -> torch.nn.Module:
         if self.hf_model is None:
-            raise TypeError(f"{what} needs the underlying HuggingFace model, which this {self.name} model does not have")
+            raise TypeError(
+                f"{what} needs the underlying HuggingFace model, which this {self.name} model does not have"
+            )
         return self.hf_model
 
     @torch.no_grad()
@@ -149,8 +152,9 @@ class Backend(ABC):
         return w.reshape(self.n_heads, self.d_head, -1)
 
     @torch.no_grad()
-    def attention_pattern(self, input_ids: Tensor, attention_mask: Tensor | None, layer: int
-                          ) -> Float[Tensor, "batch head query key"]:
+    def attention_pattern(
+        self, input_ids: Tensor, attention_mask: Tensor | None, layer: int
+    ) -> Float[Tensor, "batch head query key"]:
         """Attention probabilities at ``layer`` from the model's own (eager) attention."""
         hf = self._require_hf("attention_pattern")
         before = getattr(hf.config, "_attn_implementation", None)

@@ -1,4 +1,5 @@
 """Reading HuggingFace model directories (shared by the backends)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ Sites are located through :mod:`interp.architectures`; within one trace they are
 execution order (nnsight 0.8 requires it), and several sites computed by the same module (GPT-2's
 fused q/k/v) share one read and one write.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,10 +35,12 @@ class NNsightBackend(Backend):
     @classmethod
     def load(cls, spec, tokenizer=None, device=None, dtype=None):
         if hasattr(spec, "original_model") and hasattr(spec, "hook_dict"):  # a TransformerBridge
-            raise ValueError("a TransformerBridge has rewritten the HuggingFace model it wraps (its q/k/v and hook "
-                             "points), so nnsight cannot hook that model reliably; load the HuggingFace model itself or "
-                             "its directory with backend='nnsight' (a handle from interp.load_model(..., "
-                             "backend='transformer_lens') can be passed: it remembers its source)")
+            raise ValueError(
+                "a TransformerBridge has rewritten the HuggingFace model it wraps (its q/k/v and hook "
+                "points), so nnsight cannot hook that model reliably; load the HuggingFace model itself or "
+                "its directory with backend='nnsight' (a handle from interp.load_model(..., "
+                "backend='transformer_lens') can be passed: it remembers its source)"
+            )
         if tokenizer is None:
             raise ValueError("a model passed as a module needs its tokenizer: load_model(module, tokenizer=...)")
         return cls(place(spec, device, dtype)), tokenizer, name_of(spec)

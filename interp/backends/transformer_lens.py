@@ -1,5 +1,6 @@
 """The TransformerLens backend: a ``TransformerBridge`` whose hook points already carry the
 toolkit's site names, so sites map onto hook points one to one."""
+
 from __future__ import annotations
 
 import copy
@@ -18,8 +19,10 @@ from .hf import name_of, place, tokenizer_of
 
 class TransformerLensBackend(Backend):
     name = "transformer_lens"
-    accepts_description = ("a TransformerBridge, a HuggingFace model (with tokenizer=), or a TransformerBridgeConfig "
-                           "or dict (a randomly initialized TransformerLens-native model, with tokenizer=)")
+    accepts_description = (
+        "a TransformerBridge, a HuggingFace model (with tokenizer=), or a TransformerBridgeConfig "
+        "or dict (a randomly initialized TransformerLens-native model, with tokenizer=)"
+    )
 
     @classmethod
     def accepts(cls, spec) -> bool:
@@ -35,16 +38,23 @@ class TransformerLensBackend(Backend):
         if isinstance(spec, TransformerBridge):
             return cls(place(spec, device, dtype)), tokenizer or spec.tokenizer, "bridge"
         if tokenizer is None:
-            what = "a model built from a config" if isinstance(spec, (TransformerBridgeConfig, dict)) else "a model passed as a module"
+            what = (
+                "a model built from a config"
+                if isinstance(spec, (TransformerBridgeConfig, dict))
+                else "a model passed as a module"
+            )
             raise ValueError(f"{what} needs its tokenizer: load_model(..., tokenizer=...)")
         if isinstance(spec, (TransformerBridgeConfig, dict)):
             bridge = TransformerBridge.boot_native(spec, tokenizer=_tl_tokenizer(tokenizer), device=device, dtype=dtype)
             return cls(bridge.eval()), tokenizer, "native"
         # the bridge rewrites the modules it wraps (its q/k/v, hook points): it wraps a copy, so the
         # user's model (and any nnsight handle on it) is never changed behind their back
-        bridge = TransformerBridge.boot_transformers(getattr(spec.config, "_name_or_path", "") or "in-memory",
-                                                     hf_model=copy.deepcopy(spec), tokenizer=_tl_tokenizer(tokenizer),
-                                                     device=device)
+        bridge = TransformerBridge.boot_transformers(
+            getattr(spec.config, "_name_or_path", "") or "in-memory",
+            hf_model=copy.deepcopy(spec),
+            tokenizer=_tl_tokenizer(tokenizer),
+            device=device,
+        )
         backend = cls(place(bridge, device, dtype))
         backend._source_module = spec
         return backend, tokenizer, name_of(spec)
@@ -106,8 +116,10 @@ class TransformerLensBackend(Backend):
         then adapted separately (three rank-r adapters where HuggingFace has one)."""
         original = getattr(bridge, "original_model", None)
         if original is None or self._model_type is None:
-            raise ValueError("LoRA on a TransformerLens-native model (no HuggingFace layers to adapt) is not supported; "
-                             "fine-tune it in full (lora=None)")
+            raise ValueError(
+                "LoRA on a TransformerLens-native model (no HuggingFace layers to adapt) is not supported; "
+                "fine-tune it in full (lora=None)"
+            )
         wanted = set(lora.targets or lora_targets(self._model_type))
         layers = set()
         for name, module in original.named_modules(remove_duplicate=False):
@@ -130,7 +142,9 @@ class TransformerLensBackend(Backend):
     def attention_pattern(self, input_ids, attention_mask, layer: int):
         """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
         name = site_name("attn.hook_pattern", layer)
-        _, cache = self.bridge.run_with_cache(input_ids, attention_mask=attention_mask, names_filter=lambda n: n == name)
+        _, cache = self.bridge.run_with_cache(
+            input_ids, attention_mask=attention_mask, names_filter=lambda n: n == name
+        )
         return cache[name]
 
     def hook_name(self, site: str) -> str:
@@ -187,8 +201,7 @@ def _detached_caches(bridge) -> dict[int, Tensor]:
 def _modules_run(bridge) -> set[int]:
     """Ids of the linear layers a forward pass of ``bridge`` calls."""
     ran: set[int] = set()
-    handles = [m.register_forward_hook(lambda mod, i, o: ran.add(id(mod)))
-               for m in bridge.modules() if _is_linear(m)]
+    handles = [m.register_forward_hook(lambda mod, i, o: ran.add(id(mod))) for m in bridge.modules() if _is_linear(m)]
     try:
         bridge(torch.zeros(1, 2, dtype=torch.long, device=next(bridge.parameters()).device))
     finally:

@@ -1,6 +1,7 @@
 """The circuits findings page, built only from saved results folders (``interp circuits
 induction`` and ``interp circuits relation``), so the numbers in the documentation are the
 numbers in the tables. ``interp circuits findings`` writes it (``docs/circuit_findings.md``)."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,20 @@ def _copy_figure(src: Path, figures_to: Path | None, name: str) -> str:
 
 
 def _faithfulness(summary: pd.DataFrame, extra: tuple[str, ...] = ()) -> str:
-    cols = [*extra, "method", "cpr", "cpr_low", "cpr_high", "cmd", "random_cpr_mean", "random_cpr_sd",
-            "excess_cpr", "excess_low", "excess_high", "p_random_cpr"]
+    cols = [
+        *extra,
+        "method",
+        "cpr",
+        "cpr_low",
+        "cpr_high",
+        "cmd",
+        "random_cpr_mean",
+        "random_cpr_sd",
+        "excess_cpr",
+        "excess_low",
+        "excess_high",
+        "p_random_cpr",
+    ]
     return _table(summary[[c for c in cols if c in summary]])
 
 
@@ -74,8 +87,7 @@ def induction_section(folder: Path, figures_to: Path | None = None) -> str:
         f"to the previous token: {prev}; induction scores: {ind}. Metric: the answer's log-probability, clean "
         f"{_f(summary['clean_metric'])}, corrupted {_f(summary['corrupted_metric'])}.",
         "",
-        "**Path patching** (corrupted senders into the clean run, frozen MLPs), the six edges with the largest "
-        "effect:",
+        "**Path patching** (corrupted senders into the clean run, frozen MLPs), the six edges with the largest effect:",
         "",
         _table(top),
         "",
@@ -94,7 +106,9 @@ def induction_section(folder: Path, figures_to: Path | None = None) -> str:
         "too coarse for so few):",
         "",
         _faithfulness(nodes),
-        _copy_figure(folder / "figures" / "node_faithfulness.png", figures_to, "circuits_induction_node_faithfulness.png"),
+        _copy_figure(
+            folder / "figures" / "node_faithfulness.png", figures_to, "circuits_induction_node_faithfulness.png"
+        ),
     ]
     return "\n".join(lines)
 
@@ -105,51 +119,76 @@ def _known(summary: dict) -> str:
         return ""
     edges = ", ".join(f"{a} -> {b}" for a, b in known["edges"])
     top = "are exactly these" if known["top_eap_ig_edges_are_the_circuit"] else "are *not* these"
-    return (f"**The known circuit.** From the attention patterns, {len(known['edges'])} of the "
-            f"{known['n_graph_edges']} edges should carry the behaviour: {edges}. Kept alone (every other edge "
-            f"patched) they give f = {_f(known['faithfulness'])}; EAP-IG-inputs' top {len(known['edges'])} edges "
-            f"{top}.\n")
+    return (
+        f"**The known circuit.** From the attention patterns, {len(known['edges'])} of the "
+        f"{known['n_graph_edges']} edges should carry the behaviour: {edges}. Kept alone (every other edge "
+        f"patched) they give f = {_f(known['faithfulness'])}; EAP-IG-inputs' top {len(known['edges'])} edges "
+        f"{top}.\n"
+    )
 
 
 def relation_section(folder: Path, figures_to: Path | None = None) -> str:
     rc = load_table(folder, "relation_circuit")
     relation = rc.attrs.get("relation", "")
-    lines = [f"## A relation before and after fine-tuning: `{relation}`", "",
-             f"`interp circuits relation {relation} --out {folder}` (world model, {rc.attrs.get('method')} "
-             f"fine-tune, label category {rc.attrs.get('category')}). Logit difference clean / corrupted: before "
-             f"{_f(rc.attrs['before']['clean_score'])} / {_f(rc.attrs['before']['corrupted_score'])}, after "
-             f"{_f(rc.attrs['after']['clean_score'])} / {_f(rc.attrs['after']['corrupted_score'])}.", ""]
+    lines = [
+        f"## A relation before and after fine-tuning: `{relation}`",
+        "",
+        f"`interp circuits relation {relation} --out {folder}` (world model, {rc.attrs.get('method')} "
+        f"fine-tune, label category {rc.attrs.get('category')}). Logit difference clean / corrupted: before "
+        f"{_f(rc.attrs['before']['clean_score'])} / {_f(rc.attrs['before']['corrupted_score'])}, after "
+        f"{_f(rc.attrs['after']['clean_score'])} / {_f(rc.attrs['after']['corrupted_score'])}.",
+        "",
+    ]
     for stage in ("before", "after"):
         part = rc[rc.stage == stage]
         n_sig = int(((part.ci_low > 0) | (part.ci_high < 0)).sum())
-        lines += [f"**{stage.capitalize()}**: {n_sig} of {len(part)} components have a 95% interval excluding 0, "
-                  f"{int((part.p_fdr < 0.05).sum())} an FDR-adjusted p below 0.05. The five largest:", "",
-                  _table(part.sort_values("normalized", ascending=False).head(5)[
-                      ["component", "normalized", "effect", "ci_low", "ci_high", "p_value", "p_fdr"]]), ""]
+        lines += [
+            f"**{stage.capitalize()}**: {n_sig} of {len(part)} components have a 95% interval excluding 0, "
+            f"{int((part.p_fdr < 0.05).sum())} an FDR-adjusted p below 0.05. The five largest:",
+            "",
+            _table(
+                part.sort_values("normalized", ascending=False).head(5)[
+                    ["component", "normalized", "effect", "ci_low", "ci_high", "p_value", "p_fdr"]
+                ]
+            ),
+            "",
+        ]
     if (folder / "faithfulness_summary.csv").exists():
         summary = load_table(folder, "faithfulness_summary")
-        lines += ["**Faithfulness** of EAP-IG-inputs' edge circuits on each side (the interval is wide when the "
-                  "clean and corrupted runs are close, as the denominator of f is their difference):", "",
-                  _faithfulness(summary, ("stage",))]
+        lines += [
+            "**Faithfulness** of EAP-IG-inputs' edge circuits on each side (the interval is wide when the "
+            "clean and corrupted runs are close, as the denominator of f is their difference):",
+            "",
+            _faithfulness(summary, ("stage",)),
+        ]
         for stage in ("before", "after"):
-            lines.append(_copy_figure(folder / "figures" / f"faithfulness_{stage}.png", figures_to,
-                                      f"circuits_relation_faithfulness_{stage}.png"))
+            lines.append(
+                _copy_figure(
+                    folder / "figures" / f"faithfulness_{stage}.png",
+                    figures_to,
+                    f"circuits_relation_faithfulness_{stage}.png",
+                )
+            )
     return "\n".join(lines)
 
 
-def write_circuit_findings(induction: str | Path, relation: str | Path | None = None,
-                           out: str | Path = "docs/circuit_findings.md") -> Path:
+def write_circuit_findings(
+    induction: str | Path, relation: str | Path | None = None, out: str | Path = "docs/circuit_findings.md"
+) -> Path:
     """The findings page from an induction results folder and, optionally, a relation's."""
     out = Path(out)
     figures_to = out.parent
     induction = Path(induction)
-    parts = ["# Circuits: findings (generated)", "",
-             "Generated by `interp circuits findings` from saved results folders; do not edit by hand. "
-             "Methods: [circuits](circuits.md).", "",
-             reading(load_table(induction, "activation_patching"), load_table(induction, "faithfulness")),
-             induction_section(induction, figures_to)]
+    parts = [
+        "# Circuits: findings (generated)",
+        "",
+        "Generated by `interp circuits findings` from saved results folders; do not edit by hand. "
+        "Methods: [circuits](circuits.md).",
+        "",
+        reading(load_table(induction, "activation_patching"), load_table(induction, "faithfulness")),
+        induction_section(induction, figures_to),
+    ]
     if relation is not None:
         parts += ["", relation_section(Path(relation), figures_to)]
     write_text("\n".join(parts).rstrip() + "\n", out)
     return out
-

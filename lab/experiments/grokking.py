@@ -17,6 +17,7 @@ The paper's setting (p = 113, 30% train, d_model 128, 4 heads, d_mlp 512) costs 
 on a 2-core CPU; :data:`CPU_CONFIG` is a smaller model of the same shape that groks in about a
 minute there (documented in README with what it measured).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,9 @@ class ModularConfig:
 
 
 #: the paper's shape, scaled to a 2-core CPU
-CPU_CONFIG = ModularConfig(p=41, train_fraction=0.5, d_model=64, n_heads=4, d_mlp=256, lr=3e-3, steps=5000, eval_every=100)
+CPU_CONFIG = ModularConfig(
+    p=41, train_fraction=0.5, d_model=64, n_heads=4, d_mlp=256, lr=3e-3, steps=5000, eval_every=100
+)
 
 
 class OneLayerTransformer(nn.Module):
@@ -62,7 +65,7 @@ class OneLayerTransformer(nn.Module):
         super().__init__()
         self.n_heads, self.d_head = n_heads, d_model // n_heads
         self.embed = nn.Embedding(p + 1, d_model)  # token p is "="
-        self.pos = nn.Parameter(torch.randn(n_ctx, d_model) / d_model ** 0.5)
+        self.pos = nn.Parameter(torch.randn(n_ctx, d_model) / d_model**0.5)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.ReLU(), nn.Linear(d_mlp, d_model))
@@ -73,7 +76,7 @@ class OneLayerTransformer(nn.Module):
         h = x + self.pos
         b, t, d = h.shape
         q, k, v = self.qkv(h).reshape(b, t, 3, self.n_heads, self.d_head).unbind(2)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.d_head ** 0.5
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / self.d_head**0.5
         scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=h.device).triu(1), float("-inf"))
         z = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(b, t, d)
         h = h + self.out(z)
@@ -112,8 +115,13 @@ def train_modular(config: ModularConfig, progress: bool | None = None) -> tuple[
     reg = GrokAlignRegularizer(lam=config.grokalign) if config.grokalign > 0 else None
     gen = torch.Generator().manual_seed(config.seed + 1)
     grok_step, streak = None, 0
-    loop = TrainingLoop(config.steps + 1, desc=f"modular p={config.p} lam={config.grokalign}", threads=config.threads,
-                        progress=progress, log_every=config.eval_every)
+    loop = TrainingLoop(
+        config.steps + 1,
+        desc=f"modular p={config.p} lam={config.grokalign}",
+        threads=config.threads,
+        progress=progress,
+        log_every=config.eval_every,
+    )
     for step in loop:
         if step % config.eval_every == 0:
             with torch.no_grad():
@@ -138,8 +146,13 @@ def train_modular(config: ModularConfig, progress: bool | None = None) -> tuple[
         loop.optimize(loss, opt)
     rows = loop.rows
     log = pd.DataFrame(rows)
-    summary = {**asdict(config), "grok_step": grok_step, "seconds": round(loop.seconds, 1),
-               "final_test_accuracy": rows[-1]["test_accuracy"], "final_train_accuracy": rows[-1]["train_accuracy"]}
+    summary = {
+        **asdict(config),
+        "grok_step": grok_step,
+        "seconds": round(loop.seconds, 1),
+        "final_test_accuracy": rows[-1]["test_accuracy"],
+        "final_train_accuracy": rows[-1]["train_accuracy"],
+    }
     return log, summary
 
 
@@ -153,8 +166,14 @@ def _run_one(args) -> dict:
     return summary
 
 
-def grokking_experiment(out: str | Path, config: ModularConfig = CPU_CONFIG, lam: float = 1e-3,
-                        seeds=(0, 1, 2), workers: int = 1, progress: bool | None = None) -> pd.DataFrame:
+def grokking_experiment(
+    out: str | Path,
+    config: ModularConfig = CPU_CONFIG,
+    lam: float = 1e-3,
+    seeds=(0, 1, 2),
+    workers: int = 1,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     """Weight decay alone vs weight decay + GrokAlign over ``seeds``; each run saved as it finishes
     (``runs/<condition>_seed<k>.json`` + ``.csv``) and skipped when rerun. ``workers > 1`` runs that
     many trainings at once in separate processes (one torch thread each: these small models are
@@ -183,9 +202,13 @@ def grokking_experiment(out: str | Path, config: ModularConfig = CPU_CONFIG, lam
             done += list(pool.map(_run_one, todo))
     else:
         done += [_run_one(t) for t in todo]
-    order = {("weight_decay", s): i for i, s in enumerate(seeds)} | {("grokalign", s): len(seeds) + i for i, s in enumerate(seeds)}
+    order = {("weight_decay", s): i for i, s in enumerate(seeds)} | {
+        ("grokalign", s): len(seeds) + i for i, s in enumerate(seeds)
+    }
     rows = sorted(done, key=lambda r: order.get((r["condition"], r["seed"]), 1 << 30))
-    table = pd.DataFrame(rows)[["condition", "seed", "grok_step", "seconds", "final_test_accuracy", "final_train_accuracy"]]
+    table = pd.DataFrame(rows)[
+        ["condition", "seed", "grok_step", "seconds", "final_test_accuracy", "final_train_accuracy"]
+    ]
     write_table(table, out / "grokking.csv")
     return table
 

@@ -14,6 +14,7 @@ is ``w`` linearly readable where the model needs it?
     >>> evaluate_icl(model, task)                            # MSE per test distribution
     >>> task_vector_readability(model, task)                 # probe R^2 per layer
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -79,7 +80,8 @@ class ICLTransformer(nn.Module):
         self.pos = nn.Parameter(torch.randn(n_ctx, d_model) * 0.02)
         self.blocks = nn.ModuleList(
             nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(n_layers))
+            for _ in range(n_layers)
+        )
         self.read_out = nn.Linear(d_model, 1)
 
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -93,8 +95,16 @@ class ICLTransformer(nn.Module):
         return self.read_out(h[:, 0::2]).squeeze(-1), resid
 
 
-def train_icl(task: SubspaceTasks, train_on: Sequence[int] | int | str, steps: int = 1500, batch_size: int = 64,
-              lr: float = 1e-3, seed: int = 0, d_model: int = 64, n_layers: int = 3) -> tuple[ICLTransformer, pd.DataFrame]:
+def train_icl(
+    task: SubspaceTasks,
+    train_on: Sequence[int] | int | str,
+    steps: int = 1500,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    d_model: int = 64,
+    n_layers: int = 3,
+) -> tuple[ICLTransformer, pd.DataFrame]:
     """Train on prompts whose task vectors come from ``train_on``; returns the model and a loss log."""
     seed_torch(seed)
     model = ICLTransformer(task.d + 1, d_model, n_layers, n_ctx=2 * task.n_examples + 1)
@@ -114,8 +124,9 @@ def train_icl(task: SubspaceTasks, train_on: Sequence[int] | int | str, steps: i
 
 
 @torch.no_grad()
-def evaluate_icl(model: ICLTransformer, task: SubspaceTasks, sources: dict | None = None, n: int = 2000,
-                 seed: int = 123) -> pd.DataFrame:
+def evaluate_icl(
+    model: ICLTransformer, task: SubspaceTasks, sources: dict | None = None, n: int = 2000, seed: int = 123
+) -> pd.DataFrame:
     """Query-token MSE per test distribution, normalized by the prediction-free baseline E[y^2]."""
     sources = sources or {**{f"subspace {i}": i for i in range(task.n_subspaces)}, "span": "span", "full": "full"}
     rows = []
@@ -129,8 +140,9 @@ def evaluate_icl(model: ICLTransformer, task: SubspaceTasks, sources: dict | Non
 
 
 @torch.no_grad()
-def task_vector_readability(model: ICLTransformer, task: SubspaceTasks, source="span", n: int = 2000,
-                            alpha: float = 1.0, seed: int = 7) -> pd.DataFrame:
+def task_vector_readability(
+    model: ICLTransformer, task: SubspaceTasks, source="span", n: int = 2000, alpha: float = 1.0, seed: int = 7
+) -> pd.DataFrame:
     """Held-out R^2 of a ridge probe from the residual stream at the query token to ``w``, per layer."""
     from sklearn.linear_model import Ridge
     from sklearn.metrics import r2_score
@@ -158,5 +170,11 @@ def compare_conditions(task: SubspaceTasks, steps: int = 1500, seed: int = 0) ->
     return pd.concat(evals, ignore_index=True), pd.concat(probes, ignore_index=True)
 
 
-__all__ = ["SubspaceTasks", "ICLTransformer", "train_icl", "evaluate_icl", "task_vector_readability",
-           "compare_conditions"]
+__all__ = [
+    "SubspaceTasks",
+    "ICLTransformer",
+    "train_icl",
+    "evaluate_icl",
+    "task_vector_readability",
+    "compare_conditions",
+]

@@ -19,6 +19,7 @@ transformer. Its vocabulary is the words ``t0 ... t{V-1}``.
 
 Train your own with ``interp circuits train-induction --out DIR`` (about a minute on 2 cores).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -45,8 +46,10 @@ CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "induction
 def checkpoint_dir() -> Path:
     """The shipped induction model (registered as ``interp.load_model("induction")``)."""
     if not (CHECKPOINT / "config.json").exists():
-        raise ModelNotFoundError(f"the induction-head model is missing from {CHECKPOINT}; rebuild it with "
-                                "`interp circuits train-induction --out lab/checkpoints/induction`")
+        raise ModelNotFoundError(
+            f"the induction-head model is missing from {CHECKPOINT}; rebuild it with "
+            "`interp circuits train-induction --out lab/checkpoints/induction`"
+        )
     return CHECKPOINT
 
 
@@ -75,7 +78,9 @@ def _ids(tokenizer, vocab: int) -> torch.Tensor:
     return torch.tensor(tokenizer.convert_tokens_to_ids([f"t{i}" for i in range(vocab)]))
 
 
-def repeated_sequences(n: int, half: int, token_ids: torch.Tensor, generator: torch.Generator, bos: int) -> torch.Tensor:
+def repeated_sequences(
+    n: int, half: int, token_ids: torch.Tensor, generator: torch.Generator, bos: int
+) -> torch.Tensor:
     """``[n, 1 + 2 * half]``: ``bos``, ``half`` random tokens, the same tokens again."""
     first = token_ids[torch.randint(len(token_ids), (n, half), generator=generator)]
     return torch.cat([torch.full((n, 1), bos), first, first], dim=1)
@@ -99,17 +104,27 @@ def training_batch(config: InductionConfig, token_ids: torch.Tensor, generator: 
     return x, predictable
 
 
-def train_induction_model(out_dir: str | Path, config: InductionConfig = InductionConfig(),
-                          progress: bool | None = None) -> Path:
+def train_induction_model(
+    out_dir: str | Path, config: InductionConfig = InductionConfig(), progress: bool | None = None
+) -> Path:
     """Train the attention-only induction model; save a HuggingFace directory (with ``train_log.json``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     seed_torch(config.seed)
     tok = _tokenizer(config.vocab)
-    cfg = LlamaConfig(hidden_size=config.d_model, num_hidden_layers=config.n_layers,
-                      num_attention_heads=config.n_heads, num_key_value_heads=config.n_heads, intermediate_size=4,
-                      max_position_embeddings=config.seq_len, vocab_size=len(tok), bos_token_id=tok.eos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        hidden_size=config.d_model,
+        num_hidden_layers=config.n_layers,
+        num_attention_heads=config.n_heads,
+        num_key_value_heads=config.n_heads,
+        intermediate_size=4,
+        max_position_embeddings=config.seq_len,
+        vocab_size=len(tok),
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg)
     for block in model.model.layers:  # attention-only: MLPs are zero and stay zero
         for p in block.mlp.parameters():
@@ -167,7 +182,9 @@ def induction_pairs(model, n: int = 32, half: int | None = None, seed: int = 0, 
         raise ValueError(f"corruption must be 'token' or 'copy', got {corruption!r}")
     vocab = sum(1 for t in model.tokenizer.get_vocab() if t.startswith("t") and t[1:].isdigit())
     if vocab == 0:
-        raise ValueError("induction_pairs needs a model whose vocabulary has the words t0, t1, ... (the induction model)")
+        raise ValueError(
+            "induction_pairs needs a model whose vocabulary has the words t0, t1, ... (the induction model)"
+        )
     if half is None:
         half = 10
     if half < 3:
@@ -262,8 +279,9 @@ def circuit_faithfulness(model, pairs: Pairs, circuit: set[tuple[str, str]], met
     return float((m[2] - m[1]) / (m[0] - m[1]))
 
 
-def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5, n_random: int = 99,
-                      progress: bool | None = None) -> dict:
+def analyze_induction(
+    model, out: str | Path, n_pairs: int = 32, ig_steps: int = 5, n_random: int = 99, progress: bool | None = None
+) -> dict:
     """Activation patching and path patching (all L0 senders -> every L1 head's q/k/v), both with
     per-pair intervals and p-values; AtP, EAP and EAP-IG-inputs; and the faithfulness of the
     circuits each attribution ranks (edges and nodes, against ``n_random`` random circuits).
@@ -272,11 +290,18 @@ def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int =
     heads = model.n_heads
     prev = previous_token_scores(model, pairs).tolist()
     ind = induction_scores(model, pairs).tolist()
-    ap = ActivationPatching(model, induction_metric, sites=["z"], by_position=False, statistics=True,
-                            progress=progress).run(pairs)
+    ap = ActivationPatching(
+        model, induction_metric, sites=["z"], by_position=False, statistics=True, progress=progress
+    ).run(pairs)
     receivers = [f"L1H{h}.{c}" for h in range(heads) for c in "qkv"]
-    pp = PathPatching(model, induction_metric, senders=["embed"] + [f"L0H{h}" for h in range(heads)],
-                      receivers=receivers, statistics=True, progress=progress).run(pairs)
+    pp = PathPatching(
+        model,
+        induction_metric,
+        senders=["embed"] + [f"L0H{h}" for h in range(heads)],
+        receivers=receivers,
+        statistics=True,
+        progress=progress,
+    ).run(pairs)
     nodes = AttributionPatching(model, induction_metric, progress=progress).nodes(pairs)
     eap = AttributionPatching(model, induction_metric, progress=progress).edges(pairs)
     eap_ig = AttributionPatching(model, induction_metric, ig_steps=ig_steps, progress=progress).edges(pairs)
@@ -284,12 +309,26 @@ def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int =
     curve = edge_faith.run(pairs, {"EAP": eap, "EAP-IG-inputs": eap_ig})
     # 7 nodes: MIB's grid would test sizes 0, 1, 3 and 7 only; every size is cheap here
     n_nodes = len(all_nodes(model))
-    node_faith = Faithfulness(model, induction_metric, level="node", fractions=[k / n_nodes for k in range(1, n_nodes + 1)],
-                              n_random=n_random, progress=progress)
+    node_faith = Faithfulness(
+        model,
+        induction_metric,
+        level="node",
+        fractions=[k / n_nodes for k in range(1, n_nodes + 1)],
+        n_random=n_random,
+        progress=progress,
+    )
     node_curve = node_faith.run(pairs, {"AtP": nodes})
-    tables = [("activation_patching", ap), ("path_patching", pp), ("attribution_nodes", nodes), ("eap_edges", eap_ig),
-              ("eap_plain_edges", eap), ("faithfulness", curve), ("faithfulness_summary", edge_faith.summary_),
-              ("node_faithfulness", node_curve), ("node_faithfulness_summary", node_faith.summary_)]
+    tables = [
+        ("activation_patching", ap),
+        ("path_patching", pp),
+        ("attribution_nodes", nodes),
+        ("eap_edges", eap_ig),
+        ("eap_plain_edges", eap),
+        ("faithfulness", curve),
+        ("faithfulness_summary", edge_faith.summary_),
+        ("node_faithfulness", node_curve),
+        ("node_faithfulness_summary", node_faith.summary_),
+    ]
     for name, df in tables:
         save_table(df, out, name)
     known = known_circuit(model, pairs)
@@ -297,20 +336,40 @@ def analyze_induction(model, out: str | Path, n_pairs: int = 32, ig_steps: int =
     top_ig = set(zip(ranked.sender, ranked.receiver))
     head_edges = pp[pp.sender != "embed"].sort_values("score")
     top = head_edges.iloc[0]
-    summary = {"previous_token_scores": prev, "induction_scores": ind,
-               "top_head_edge": {"sender": top.sender, "receiver": top.receiver, "normalized": float(top.normalized),
-                                 "ci": [float(top.ci_low), float(top.ci_high)], "p_value": float(top.p_value)},
-               "clean_metric": pp.attrs["target_score"], "corrupted_metric": pp.attrs["source_score"],
-               "faithfulness": _areas(edge_faith.summary_) | _areas(node_faith.summary_, "nodes: "),
-               "known_circuit": {"edges": sorted(map(list, known)), "n_graph_edges": int(curve.attrs["n_edges"]),
-                                 "faithfulness": circuit_faithfulness(model, pairs, known),
-                                 "top_eap_ig_edges_are_the_circuit": top_ig == known}}
+    summary = {
+        "previous_token_scores": prev,
+        "induction_scores": ind,
+        "top_head_edge": {
+            "sender": top.sender,
+            "receiver": top.receiver,
+            "normalized": float(top.normalized),
+            "ci": [float(top.ci_low), float(top.ci_high)],
+            "p_value": float(top.p_value),
+        },
+        "clean_metric": pp.attrs["target_score"],
+        "corrupted_metric": pp.attrs["source_score"],
+        "faithfulness": _areas(edge_faith.summary_) | _areas(node_faith.summary_, "nodes: "),
+        "known_circuit": {
+            "edges": sorted(map(list, known)),
+            "n_graph_edges": int(curve.attrs["n_edges"]),
+            "faithfulness": circuit_faithfulness(model, pairs, known),
+            "top_eap_ig_edges_are_the_circuit": top_ig == known,
+        },
+    }
     write_json(summary, Path(out) / "summary.json")
     return summary
 
 
 def _areas(summary, prefix: str = "") -> dict:
-    return {prefix + r.method: {"cpr": r.cpr, "cmd": r.cmd, "random_cpr": r.random_cpr_mean,
-                                "random_cpr_sd": r.random_cpr_sd, "random_cmd": r.random_cmd_mean,
-                                "excess_cpr": [r.excess_cpr, r.excess_low, r.excess_high], "p_random_cpr": r.p_random_cpr}
-            for r in summary.itertuples()}
+    return {
+        prefix + r.method: {
+            "cpr": r.cpr,
+            "cmd": r.cmd,
+            "random_cpr": r.random_cpr_mean,
+            "random_cpr_sd": r.random_cpr_sd,
+            "random_cmd": r.random_cmd_mean,
+            "excess_cpr": [r.excess_cpr, r.excess_low, r.excess_high],
+            "p_random_cpr": r.p_random_cpr,
+        }
+        for r in summary.itertuples()
+    }

@@ -19,6 +19,7 @@ with per-pair bootstrap intervals and sign-flip p-values.
 of the model, and the top-k circuits are run with the rest patched (MIB's faithfulness curve,
 CPR and CMD) against random circuits of the same sizes.
 """
+
 from __future__ import annotations
 
 import random
@@ -35,8 +36,9 @@ from lab.study.finetune import FinetuneConfig, finetune
 from lab.world.vocab import LABELS
 
 
-def relation_pairs(model, prompts: list[str], answers: list[str], n: int = 32, seed: int = 0,
-                   subjects: list[str] | None = None) -> Pairs:
+def relation_pairs(
+    model, prompts: list[str], answers: list[str], n: int = 32, seed: int = 0, subjects: list[str] | None = None
+) -> Pairs:
     """``n`` (clean, corrupted) pairs from one relation: two subjects with equal token counts and
     different answers; ``answer`` = the clean subject's answer, ``wrong`` = the corrupted one's."""
     lengths = [len(e.ids) for e in model.encode(prompts)]
@@ -66,8 +68,9 @@ def relation_pairs(model, prompts: list[str], answers: list[str], n: int = 32, s
 def component_scores(model, pairs: Pairs, progress: bool | None = None) -> pd.DataFrame:
     """Every head (``z``) and MLP output patched at all positions, clean into corrupted."""
     sites = ["z", "mlp_out"] if any(s.endswith("hook_mlp_out") for s in model.sites) else ["z"]
-    df = ActivationPatching(model, "logit_diff", sites=sites, by_position=False, statistics=True,
-                            progress=progress).run(pairs)
+    df = ActivationPatching(
+        model, "logit_diff", sites=sites, by_position=False, statistics=True, progress=progress
+    ).run(pairs)
     df["component"] = [f"L{r.layer}H{r.head}" if r.site == "z" else f"MLP{r.layer}" for r in df.itertuples()]
     return df
 
@@ -81,8 +84,17 @@ class Stage:
     pairs: Pairs
 
 
-def relation_stages(model, relation, n_pairs: int = 32, category: str = "animals", method: str = "full",
-                    n_finetune: int = 3, label_seed: int = 0, seed: int = 0, finetune_config=None) -> tuple[list[Stage], dict]:
+def relation_stages(
+    model,
+    relation,
+    n_pairs: int = 32,
+    category: str = "animals",
+    method: str = "full",
+    n_finetune: int = 3,
+    label_seed: int = 0,
+    seed: int = 0,
+    finetune_config=None,
+) -> tuple[list[Stage], dict]:
     """The pretrained model on the relation's fact prompts, and the relabelled model on the
     fine-tuning template with the labels as answers; and the fine-tune's facts."""
     if category not in LABELS:
@@ -102,9 +114,19 @@ def relation_stages(model, relation, n_pairs: int = 32, category: str = "animals
     return [before, after], info
 
 
-def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animals", method: str = "full",
-                     n_finetune: int = 3, label_seed: int = 0, seed: int = 0, finetune_config=None,
-                     progress: bool | None = None, stages: tuple[list[Stage], dict] | None = None) -> pd.DataFrame:
+def relation_circuit(
+    model,
+    relation,
+    n_pairs: int = 32,
+    category: str = "animals",
+    method: str = "full",
+    n_finetune: int = 3,
+    label_seed: int = 0,
+    seed: int = 0,
+    finetune_config=None,
+    progress: bool | None = None,
+    stages: tuple[list[Stage], dict] | None = None,
+) -> pd.DataFrame:
     """Component scores for ``relation`` before and after relabelling fine-tuning.
 
     ``relation``: an :class:`interp.relations.Relation` (e.g. from ``from_world``). Returns a tidy
@@ -113,21 +135,41 @@ def relation_circuit(model, relation, n_pairs: int = 32, category: str = "animal
     clean and corrupted logit differences and the fine-tune's facts. ``stages``: the output of
     :func:`relation_stages`, to reuse one fine-tune.
     """
-    (before_stage, after_stage), info = stages or relation_stages(model, relation, n_pairs, category, method,
-                                                                  n_finetune, label_seed, seed, finetune_config)
+    (before_stage, after_stage), info = stages or relation_stages(
+        model, relation, n_pairs, category, method, n_finetune, label_seed, seed, finetune_config
+    )
     before = component_scores(before_stage.model, before_stage.pairs, progress)
     after = component_scores(after_stage.model, after_stage.pairs, progress)
     out = pd.concat([before.assign(stage="before"), after.assign(stage="after")], ignore_index=True)
-    out.attrs.update(relation=relation.name, method=method, category=category, finetune=info,
-                     before={k: before.attrs[k] for k in ("clean_score", "corrupted_score")},
-                     after={k: after.attrs[k] for k in ("clean_score", "corrupted_score")})
-    cols = ["stage", "component", "site", "layer", "head", "score", "normalized", "effect", "stderr", "ci_low",
-            "ci_high", "p_value", "p_fdr"]
+    out.attrs.update(
+        relation=relation.name,
+        method=method,
+        category=category,
+        finetune=info,
+        before={k: before.attrs[k] for k in ("clean_score", "corrupted_score")},
+        after={k: after.attrs[k] for k in ("clean_score", "corrupted_score")},
+    )
+    cols = [
+        "stage",
+        "component",
+        "site",
+        "layer",
+        "head",
+        "score",
+        "normalized",
+        "effect",
+        "stderr",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "p_fdr",
+    ]
     return out[cols].pipe(lambda d: _with_attrs(d, out.attrs))
 
 
-def relation_faithfulness(stages: list[Stage], ig_steps: int = 5, n_random: int = 99, seed: int = 0,
-                          progress: bool | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def relation_faithfulness(
+    stages: list[Stage], ig_steps: int = 5, n_random: int = 99, seed: int = 0, progress: bool | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Faithfulness curves (with ``stage``) and their CPR/CMD summary for EAP-IG-inputs' circuits
     on each stage, against ``n_random`` random circuits."""
     curves, summaries = [], []
@@ -136,8 +178,11 @@ def relation_faithfulness(stages: list[Stage], ig_steps: int = 5, n_random: int 
         fa = Faithfulness(st.model, "logit_diff", n_random=n_random, seed=seed, progress=progress)
         curve = fa.run(st.pairs, {"EAP-IG-inputs": scores})
         curves.append(curve.assign(stage=st.name))
-        summaries.append(fa.summary_.assign(stage=st.name, full_score=curve.attrs["full_score"],
-                                            empty_score=curve.attrs["empty_score"]))
+        summaries.append(
+            fa.summary_.assign(
+                stage=st.name, full_score=curve.attrs["full_score"], empty_score=curve.attrs["empty_score"]
+            )
+        )
     curve = pd.concat(curves, ignore_index=True)
     curve.attrs.update({k: v for k, v in curves[0].attrs.items() if k not in ("full_score", "empty_score")})
     return curve, pd.concat(summaries, ignore_index=True)

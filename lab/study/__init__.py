@@ -4,6 +4,7 @@
 >>> result = run_study("world", out="results/study")        # the main job, ~15 min on 2 cores
 >>> result.summary["headline"]
 """
+
 from __future__ import annotations
 
 from .design import Design, finetune_budget, make_design, per_answer, relabel, split
@@ -12,5 +13,19 @@ from .run import run_study
 from .study import Job, Study, StudyConfig, StudyResult
 from .validate import StudyConfigError
 
-__all__ = ["Design", "FinetuneConfig", "Job", "Study", "StudyConfig", "StudyConfigError", "StudyResult", "finetune",
-           "finetune_budget", "make_design", "per_answer", "relabel", "run_study", "split"]
+__all__ = [
+    "Design",
+    "FinetuneConfig",
+    "Job",
+    "Study",
+    "StudyConfig",
+    "StudyConfigError",
+    "StudyResult",
+    "finetune",
+    "finetune_budget",
+    "make_design",
+    "per_answer",
+    "relabel",
+    "run_study",
+    "split",
+]

@@ -36,6 +36,7 @@ assignment, one seed, one category, full fine-tuning unless the variant says oth
 per variant) and ``out/ablation_relations.csv`` (one row per variant and relation) are rewritten
 after each variant, atomically. A killed run resumes with the first unfinished variant.
 """
+
 from __future__ import annotations
 
 import json
@@ -87,15 +88,23 @@ def default_variants(spec: WorldSpec | None = None) -> list[Variant]:
     return [  # cheapest first
         Variant("baseline", "the shipped recipe"),
         Variant(f"{base.steps} steps", "pretraining steps", train={"steps": "recipe"}),
-        Variant("embeddings fine-tuned", "which parameters fine-tune (embeddings, and the read-out tied to them)",
-                finetune={"freeze_embeddings": False}),
+        Variant(
+            "embeddings fine-tuned",
+            "which parameters fine-tune (embeddings, and the read-out tied to them)",
+            finetune={"freeze_embeddings": False},
+        ),
         Variant("fine-tune lr x0.3", "fine-tuning learning rate", finetune={"lr": FinetuneConfig.lr * 0.3}),
         Variant("budget 40-120", "fine-tuning subjects", study={"finetune_budget": (40, 120)}),
         Variant("LoRA", "LoRA instead of full fine-tuning", study={"methods": ("lora",)}),
-        Variant("no mixed training" if qa else "mixed training", "question-form statements in pretraining",
-                world={"qa_fraction": 0.0 if qa else 0.5}),
+        Variant(
+            "no mixed training" if qa else "mixed training",
+            "question-form statements in pretraining",
+            world={"qa_fraction": 0.0 if qa else 0.5},
+        ),
         Variant("no augmentation", "augmentation and paraphrase", world={"augment": False}),
-        Variant("template words absent", "relabelling template's words in pretraining", world={"template_words": False}),
+        Variant(
+            "template words absent", "relabelling template's words in pretraining", world={"template_words": False}
+        ),
         Variant("shared subject tokens", "subjects built from shared tokens", world={"subject_tokens": "shared"}),
         Variant(f"depth {base.n_layers // 2}", "depth", train={"n_layers": base.n_layers // 2}),
         Variant(f"width {base.d_model * 2}", "width", train={"d_model": base.d_model * 2}),
@@ -104,8 +113,15 @@ def default_variants(spec: WorldSpec | None = None) -> list[Variant]:
 
 def ablation_study_config(**overrides) -> StudyConfig:
     """The reduced study each variant is measured with."""
-    base = StudyConfig(methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), n_null=200,
-                       n_boot=500, n_perm=500)
+    base = StudyConfig(
+        methods=("full",),
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        other_categories=(),
+        n_null=200,
+        n_boot=500,
+        n_perm=500,
+    )
     return replace(base, **overrides)
 
 
@@ -130,12 +146,21 @@ def variant_train(train: TrainConfig, v: Variant, steps: int) -> TrainConfig:
 def _check(overrides: dict, cls, name: str, what: str) -> None:
     unknown = sorted(set(overrides) - {f.name for f in fields(cls)})
     if unknown:
-        raise ValueError(f"variant {name!r}: unknown {what} field(s) {unknown}; valid: {', '.join(f.name for f in fields(cls))}")
+        raise ValueError(
+            f"variant {name!r}: unknown {what} field(s) {unknown}; valid: {', '.join(f.name for f in fields(cls))}"
+        )
 
 
-def ablate(out: str | Path, variants: Sequence[Variant] | None = None, spec: WorldSpec | None = None,
-           steps: int = 1500, train: TrainConfig = TrainConfig(), config: StudyConfig | None = None,
-           progress: bool | None = None, only: Sequence[str] | None = None) -> pd.DataFrame:
+def ablate(
+    out: str | Path,
+    variants: Sequence[Variant] | None = None,
+    spec: WorldSpec | None = None,
+    steps: int = 1500,
+    train: TrainConfig = TrainConfig(),
+    config: StudyConfig | None = None,
+    progress: bool | None = None,
+    only: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """Train and measure every variant (resuming finished ones); returns the one-row-per-variant table.
     ``config``: the reduced study (default :func:`ablation_study_config`), which variants override.
     ``only``: run just these variants (and the baseline) now; the tables keep every finished row.
@@ -147,7 +172,9 @@ def ablate(out: str | Path, variants: Sequence[Variant] | None = None, spec: Wor
     if len(set(names)) != len(names):
         raise ValueError(f"variant names must be distinct: {names}")
     if not variants[0].name == "baseline" or variants[0].pretrains:
-        raise ValueError("the first variant must be the baseline (no overrides): study-only variants reuse its checkpoint")
+        raise ValueError(
+            "the first variant must be the baseline (no overrides): study-only variants reuse its checkpoint"
+        )
     plans = [(v, variant_world(spec, v), variant_train(train, v, steps)) for v in variants]  # validate all first
     for v in variants:
         _check(v.study, StudyConfig, v.name, "study")
@@ -155,14 +182,24 @@ def ablate(out: str | Path, variants: Sequence[Variant] | None = None, spec: Wor
     unknown = sorted(set(only or ()) - set(names))
     if unknown:
         raise ValueError(f"unknown variant(s) {unknown}; the variants: {', '.join(names)}")
-    plan = json.loads(json.dumps({"steps": steps, "train": asdict(train), "spec": json.loads(spec.to_json()),
-                                  "study": (config or ablation_study_config()).to_dict()}))
+    plan = json.loads(
+        json.dumps(
+            {
+                "steps": steps,
+                "train": asdict(train),
+                "spec": json.loads(spec.to_json()),
+                "study": (config or ablation_study_config()).to_dict(),
+            }
+        )
+    )
     path = out / "ablation_plan.json"
     if path.exists():
         old = json.loads(path.read_text())
         diffs = [k for k in plan if old.get(k) != plan[k]]
         if diffs:
-            raise ValueError(f"{out} holds an ablation with other {', '.join(diffs)}; use a new folder (or delete this one)")
+            raise ValueError(
+                f"{out} holds an ablation with other {', '.join(diffs)}; use a new folder (or delete this one)"
+            )
     out.mkdir(parents=True, exist_ok=True)
     write_json(plan, path)
     # fine-tuning-only rows fine-tune the full recipe's model when it is shipped, else the baseline's
@@ -194,15 +231,34 @@ def ablate(out: str | Path, variants: Sequence[Variant] | None = None, spec: Wor
             pearson = result.summary.get("headline", {}).get("pearson", {})
             kind = "shipped" if shipped is not None else "own" if v.pretrains or v.name == "baseline" else "baseline's"
             steps_used = t.steps if v.pretrains or v.name == "baseline" or recipe is None else train.steps
-            row = {"variant": v.name, "factor": v.factor, "checkpoint": kind, "steps": steps_used,
-                   "pretrain_minutes": minutes, "recall": float(rec.mean()),
-                   "readability": float(read.mean()), "readability_min": float(read.min()), "readability_max": float(read.max()),
-                   "generalization": float(gen.mean()), "generalization_max": float(gen.max()),
-                   "relations_ge_0.5": int((gen >= 0.5).sum()), "relations_le_0.05": int((gen <= 0.05).sum()),
-                   "r": pearson.get("r"), "r_p_monte_carlo": pearson.get("p_monte_carlo"), "method": m}
-            rel_rows = [{"variant": v.name, "relation": x.relation, "recall": float(rec.get(x.relation, float("nan"))),
-                         "readability": x.readability_best_kappa, "generalization": getattr(x, f"generalization_kappa_{m}")}
-                        for x in rel.itertuples()]
+            row = {
+                "variant": v.name,
+                "factor": v.factor,
+                "checkpoint": kind,
+                "steps": steps_used,
+                "pretrain_minutes": minutes,
+                "recall": float(rec.mean()),
+                "readability": float(read.mean()),
+                "readability_min": float(read.min()),
+                "readability_max": float(read.max()),
+                "generalization": float(gen.mean()),
+                "generalization_max": float(gen.max()),
+                "relations_ge_0.5": int((gen >= 0.5).sum()),
+                "relations_le_0.05": int((gen <= 0.05).sum()),
+                "r": pearson.get("r"),
+                "r_p_monte_carlo": pearson.get("p_monte_carlo"),
+                "method": m,
+            }
+            rel_rows = [
+                {
+                    "variant": v.name,
+                    "relation": x.relation,
+                    "recall": float(rec.get(x.relation, float("nan"))),
+                    "readability": x.readability_best_kappa,
+                    "generalization": getattr(x, f"generalization_kappa_{m}"),
+                }
+                for x in rel.itertuples()
+            ]
             write_json({"row": row, "relations": rel_rows}, done)
         saved = json.loads(done.read_text())
         rows.append(saved["row"])

@@ -18,6 +18,7 @@ untouched relations and against those also not *derived* from a manipulated rela
 relation's facts are functions of a manipulated relation's facts, so the model may compute
 them through it even though their writing is unchanged).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,14 +46,21 @@ def without_augmentation(spec: WorldSpec, names: Sequence[str]) -> WorldSpec:
     unknown = set(names) - {r.name for r in spec.relations}
     if unknown:
         raise ValueError(f"unknown relations {sorted(unknown)}")
-    rels = tuple(replace(r, augment=False, templates=1, bio=False, qa=r.mixed) if r.name in names else r
-                 for r in spec.relations)
+    rels = tuple(
+        replace(r, augment=False, templates=1, bio=False, qa=r.mixed) if r.name in names else r for r in spec.relations
+    )
     return replace(spec, relations=rels).validate()
 
 
-def causal_test(out: str | Path, manipulated: Sequence[str] | None = None, spec: WorldSpec | None = None,
-                train: TrainConfig = TrainConfig(), config: StudyConfig | None = None, progress: bool | None = None,
-                retrain: bool = False) -> pd.DataFrame:
+def causal_test(
+    out: str | Path,
+    manipulated: Sequence[str] | None = None,
+    spec: WorldSpec | None = None,
+    train: TrainConfig = TrainConfig(),
+    config: StudyConfig | None = None,
+    progress: bool | None = None,
+    retrain: bool = False,
+) -> pd.DataFrame:
     """Pretrain both worlds (resuming finished ones), run the study on each, compare.
 
     A world whose spec and training recipe equal a shipped checkpoint's (the default world and
@@ -65,10 +73,14 @@ def causal_test(out: str | Path, manipulated: Sequence[str] | None = None, spec:
     config = config or StudyConfig(methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=())
     worlds = {"augmented": spec, "plain": without_augmentation(spec, manipulated)}
     digests = {name: writing_digests(s) for name, s in worlds.items()}
-    changed = sorted(r for r in digests["augmented"] if r not in manipulated and digests["augmented"][r] != digests["plain"][r])
+    changed = sorted(
+        r for r in digests["augmented"] if r not in manipulated and digests["augmented"][r] != digests["plain"][r]
+    )
     if changed:
-        raise ValueError(f"relations {changed} are not manipulated but are written differently in the two worlds; "
-                         "the causal test needs them untouched (manipulate them too, or change the world's writing)")
+        raise ValueError(
+            f"relations {changed} are not manipulated but are written differently in the two worlds; "
+            "the causal test needs them untouched (manipulate them too, or change the world's writing)"
+        )
     tables = {}
     for name, s in worlds.items():
         ckpt = out / f"world_{name}"
@@ -83,30 +95,47 @@ def causal_test(out: str | Path, manipulated: Sequence[str] | None = None, spec:
     a, b = tables["augmented"], tables["plain"]
     m = config.methods[0]
     derived = {r.name: r.derived_from for r in spec.relations}
-    df = pd.DataFrame({
-        "relation": a.index, "manipulated": [r in manipulated for r in a.index],
-        "derived_from_manipulated": [_derived_from(r, manipulated, derived) for r in a.index],
-        "writing_identical": [digests["augmented"][r] == digests["plain"][r] for r in a.index],
-    })
-    for measure, (ra, ga) in {"kappa": ("readability_best_kappa", f"generalization_kappa_{m}"),
-                              "raw": ("readability_best", f"generalization_{m}")}.items():
+    df = pd.DataFrame(
+        {
+            "relation": a.index,
+            "manipulated": [r in manipulated for r in a.index],
+            "derived_from_manipulated": [_derived_from(r, manipulated, derived) for r in a.index],
+            "writing_identical": [digests["augmented"][r] == digests["plain"][r] for r in a.index],
+        }
+    )
+    for measure, (ra, ga) in {
+        "kappa": ("readability_best_kappa", f"generalization_kappa_{m}"),
+        "raw": ("readability_best", f"generalization_{m}"),
+    }.items():
         suffix = "" if measure == "kappa" else "_raw"
         df[f"readability_augmented{suffix}"] = a[ra].values
         df[f"readability_plain{suffix}"] = b.loc[a.index, ra].values
         df[f"generalization_augmented{suffix}"] = a[ga].values
         df[f"generalization_plain{suffix}"] = b.loc[a.index, ga].values
         df[f"delta_readability{suffix}"] = df[f"readability_plain{suffix}"] - df[f"readability_augmented{suffix}"]
-        df[f"delta_generalization{suffix}"] = df[f"generalization_plain{suffix}"] - df[f"generalization_augmented{suffix}"]
+        df[f"delta_generalization{suffix}"] = (
+            df[f"generalization_plain{suffix}"] - df[f"generalization_augmented{suffix}"]
+        )
     groups = {"untouched": ~df.manipulated, "untouched, not derived": ~df.manipulated & ~df.derived_from_manipulated}
-    summary = {"manipulated": manipulated, "method": m, "measure": "kappa (raw accuracy in *_raw)",
-               "mean_delta": {"manipulated": _means(df[df.manipulated])} | {k: _means(df[v]) for k, v in groups.items()},
-               "n": {"manipulated": int(df.manipulated.sum())} | {k: int(v.sum()) for k, v in groups.items()},
-               "difference_in_differences": {}}
+    summary = {
+        "manipulated": manipulated,
+        "method": m,
+        "measure": "kappa (raw accuracy in *_raw)",
+        "mean_delta": {"manipulated": _means(df[df.manipulated])} | {k: _means(df[v]) for k, v in groups.items()},
+        "n": {"manipulated": int(df.manipulated.sum())} | {k: int(v.sum()) for k, v in groups.items()},
+        "difference_in_differences": {},
+    }
     for name, mask in groups.items():
         if df.manipulated.any() and mask.any():
             summary["difference_in_differences"][f"vs {name}"] = {
                 col: did_with_ci(df.loc[df.manipulated, col].to_numpy(), df.loc[mask, col].to_numpy(), seed=0)
-                for col in ("delta_readability", "delta_generalization", "delta_readability_raw", "delta_generalization_raw")}
+                for col in (
+                    "delta_readability",
+                    "delta_generalization",
+                    "delta_readability_raw",
+                    "delta_generalization_raw",
+                )
+            }
     write_table(df, out / "causal.csv")
     write_json(summary, out / "causal.json")
     return df
@@ -133,8 +162,10 @@ def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: in
 
 
 def _means(df: pd.DataFrame) -> dict:
-    return {c: float(df[c].mean()) for c in ("delta_readability", "delta_generalization", "delta_readability_raw",
-                                             "delta_generalization_raw")}
+    return {
+        c: float(df[c].mean())
+        for c in ("delta_readability", "delta_generalization", "delta_readability_raw", "delta_generalization_raw")
+    }
 
 
 def _derived_from(name: str, manipulated: Sequence[str], derived: dict) -> bool:

@@ -19,6 +19,7 @@ fewer than ``n_finetune + 1`` subjects cannot be split; it is left out of the re
 fine-tuning and its held-out subjects) and counted in ``dropped_answers``. A relation left with
 fewer than 2 answers is an error.
 """
+
 from __future__ import annotations
 
 import random
@@ -103,10 +104,18 @@ def split(relation: Relation, n_finetune: int, seed: int) -> tuple[list[int], li
     return sorted(finetune), sorted(heldout), dropped
 
 
-def make_design(relation: Relation, labels: tuple[str, ...], n_finetune: int, label_seed: int, split_seed: int,
-                category: str = "labels") -> Design:
+def make_design(
+    relation: Relation,
+    labels: tuple[str, ...],
+    n_finetune: int,
+    label_seed: int,
+    split_seed: int,
+    category: str = "labels",
+) -> Design:
     if len(set(relation.answers)) < 2:
-        raise RelationError(f"relation {relation.name!r} has fewer than 2 answers ({set(relation.answers)}); nothing to relabel")
+        raise RelationError(
+            f"relation {relation.name!r} has fewer than 2 answers ({set(relation.answers)}); nothing to relabel"
+        )
     finetune, heldout, dropped = split(relation, n_finetune, split_seed)
     kept_answers = [relation.answers[i] for i in finetune]
     mapping = relabel(kept_answers, labels, label_seed, category)

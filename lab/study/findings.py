@@ -1,6 +1,7 @@
 """The study's findings page: a Markdown document built only from a finished study's saved
 tables (and, optionally, a causal test's), so the numbers in the documentation are always the
 numbers in the results folder. ``interp study findings`` writes it (``docs/study.md``)."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,16 @@ def _table(df: pd.DataFrame, digits: int = 3) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in df.itertuples(index=False):
-        lines.append("| " + " | ".join((_p(v) if c.startswith("p_") or c.startswith("p ") else _f(v, digits))
-                                       if isinstance(v, float) else str(v) for c, v in zip(cols, row)) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                (_p(v) if c.startswith("p_") or c.startswith("p ") else _f(v, digits))
+                if isinstance(v, float)
+                else str(v)
+                for c, v in zip(cols, row)
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -78,44 +87,123 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
                 shutil.copyfile(src, figures_to / f"{prefix}_{name}.png")
         out += [f"![readability vs generalization, kappa]({prefix}_scatter_{c['methods'][0]}.png)", ""]
     pear = h["pearson"]
-    out += [f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
-            f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, {pear['ci_method']}); "
-            f"Monte-Carlo p = **{_p(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies of this design with no "
-            f"generalization beyond chance (permutation p = {_p(pear['p_value'])}). On those null studies the Monte-Carlo test "
-            f"rejects at {_f(nc['headline_false_positive_rate'])} and the permutation test at "
-            f"{_f(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
-            f"({_f(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
-            f"{_f(nc['raw_false_positive_rate'])} with no generalization at all.", ""]
-    out += ["Mean generalization kappa: " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
-            + " (raw accuracy " + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items()) + "); mean readability "
-            f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
-            f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.", ""]
+    out += [
+        f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
+        f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, {pear['ci_method']}); "
+        f"Monte-Carlo p = **{_p(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies of this design with no "
+        f"generalization beyond chance (permutation p = {_p(pear['p_value'])}). On those null studies the Monte-Carlo test "
+        f"rejects at {_f(nc['headline_false_positive_rate'])} and the permutation test at "
+        f"{_f(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
+        f"({_f(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
+        f"{_f(nc['raw_false_positive_rate'])} with no generalization at all.",
+        "",
+    ]
+    out += [
+        "Mean generalization kappa: "
+        + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
+        + " (raw accuracy "
+        + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items())
+        + "); mean readability "
+        f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
+        f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.",
+        "",
+    ]
     missing = s.get("covariates", {}).get("missing") or {}
-    out += [f"Subject frequency covariate: {s.get('frequency_covariate', 'n/a')}."
-            + "".join(f" Covariate `{k}` is missing ({v}); the partial correlations use the others." for k, v in missing.items()), ""]
+    out += [
+        f"Subject frequency covariate: {s.get('frequency_covariate', 'n/a')}."
+        + "".join(
+            f" Covariate `{k}` is missing ({v}); the partial correlations use the others." for k, v in missing.items()
+        ),
+        "",
+    ]
     out += ["### Statistics", ""]
-    t = stats[stats.analysis != "pearson (t-test)"][["method", "predictor", "outcome", "analysis", "r", "ci_low", "ci_high", "p_value",
-                                                     "p_monte_carlo", "n"]]
+    t = stats[stats.analysis != "pearson (t-test)"][
+        ["method", "predictor", "outcome", "analysis", "r", "ci_low", "ci_high", "p_value", "p_monte_carlo", "n"]
+    ]
     out += [_table(t), ""]
-    out += ["### Null calibration (false-positive rate at alpha = 0.05)", "",
-            "Conventional test (permutation for Pearson, t for the others) and Monte-Carlo test against the design's own null.", "",
-            _table(null[["method", "outcome", "analysis", "false_positive_rate", "false_positive_rate_monte_carlo", "mc_se", "mean_r",
-                         "sd_r", "observed_r", "p_monte_carlo"]]), ""]
-    out += ["### Robustness (Pearson r of kappas; raw beside it)", "",
-            _table(rob[[c for c in ("varied", "setting", "n", "r", "ci_low", "ci_high", "r_raw", "seed_invariant_relations") if c in rob]]), ""]
-    out += ["### Error back-mapping (top-{k} among wrong answers, against a uniformly random wrong answer)".format(k=c["top_k"]), ""]
+    out += [
+        "### Null calibration (false-positive rate at alpha = 0.05)",
+        "",
+        "Conventional test (permutation for Pearson, t for the others) and Monte-Carlo test against the design's own null.",
+        "",
+        _table(
+            null[
+                [
+                    "method",
+                    "outcome",
+                    "analysis",
+                    "false_positive_rate",
+                    "false_positive_rate_monte_carlo",
+                    "mc_se",
+                    "mean_r",
+                    "sd_r",
+                    "observed_r",
+                    "p_monte_carlo",
+                ]
+            ]
+        ),
+        "",
+    ]
+    out += [
+        "### Robustness (Pearson r of kappas; raw beside it)",
+        "",
+        _table(
+            rob[
+                [
+                    c
+                    for c in ("varied", "setting", "n", "r", "ci_low", "ci_high", "r_raw", "seed_invariant_relations")
+                    if c in rob
+                ]
+            ]
+        ),
+        "",
+    ]
+    out += [
+        "### Error back-mapping (top-{k} among wrong answers, against a uniformly random wrong answer)".format(
+            k=c["top_k"]
+        ),
+        "",
+    ]
     for m, b in s["backmap"].items():
-        out += [f"- {m}: {b['n_errors']} errors on {b['n_relations']} informative relations "
-                f"({b['n_uninformative_relations']} with too few answers left out). Probe top-{c['top_k']}: "
-                f"{_f(b['probe_rate'])} = {_f(b['probe_ratio'], 2)}x a uniformly random wrong answer, "
-                f"{_f(b['probe_ratio_shuffled'], 2)}x the shuffled null; pretrained model: {_f(b['model_rate'])} = "
-                f"{_f(b['model_ratio'], 2)}x uniform, {_f(b['model_ratio_shuffled'], 2)}x shuffled; paired Wilcoxon "
-                f"(probe vs model) p = {_p(b['wilcoxon_p'])}."]
-    out += ["", _table(bm[bm.informative.astype(bool)][["method", "relation", "n_answers", "n_errors", "probe_rate",
-                                                         "probe_expected_rate", "probe_shuffled_rate", "model_rate",
-                                                         "model_expected_rate", "model_shuffled_rate"]]), ""]
-    cols = ["relation", "n_answers", "n_finetune_subjects", "n_heldout", "chance", "chance_majority", "readability_best",
-            "readability_best_kappa", "best_layer"] + [x for x in rel.columns if x.startswith("generalization_")]
+        out += [
+            f"- {m}: {b['n_errors']} errors on {b['n_relations']} informative relations "
+            f"({b['n_uninformative_relations']} with too few answers left out). Probe top-{c['top_k']}: "
+            f"{_f(b['probe_rate'])} = {_f(b['probe_ratio'], 2)}x a uniformly random wrong answer, "
+            f"{_f(b['probe_ratio_shuffled'], 2)}x the shuffled null; pretrained model: {_f(b['model_rate'])} = "
+            f"{_f(b['model_ratio'], 2)}x uniform, {_f(b['model_ratio_shuffled'], 2)}x shuffled; paired Wilcoxon "
+            f"(probe vs model) p = {_p(b['wilcoxon_p'])}."
+        ]
+    out += [
+        "",
+        _table(
+            bm[bm.informative.astype(bool)][
+                [
+                    "method",
+                    "relation",
+                    "n_answers",
+                    "n_errors",
+                    "probe_rate",
+                    "probe_expected_rate",
+                    "probe_shuffled_rate",
+                    "model_rate",
+                    "model_expected_rate",
+                    "model_shuffled_rate",
+                ]
+            ]
+        ),
+        "",
+    ]
+    cols = [
+        "relation",
+        "n_answers",
+        "n_finetune_subjects",
+        "n_heldout",
+        "chance",
+        "chance_majority",
+        "readability_best",
+        "readability_best_kappa",
+        "best_layer",
+    ] + [x for x in rel.columns if x.startswith("generalization_")]
     out += ["### Relations", "", _table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
     return "\n".join(out)
 
@@ -125,21 +213,48 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
     relations qualified and why the others did not, then the same section as the world's."""
     q = pd.read_csv(study / "qualification.csv")
     reasons = q[~q.qualifies.astype(bool)].reason.str.replace(r"^\d+ ", "N ", regex=True).value_counts()
-    out = [f"## Real facts on a pretrained encoder: {len(q)} LRE relations, {int(q.qualifies.sum())} qualify", "",
-           "A relation qualifies when at least 2 of its answers have 6 or more distinct subjects (at most the 20 most "
-           "frequent answers kept) and the design leaves at least 20 held-out subjects (`lab/study/relations.py`). Left out: "
-           + "; ".join(f"{n} x '{r}'" for r, n in reasons.items()) + ".", "",
-           _table(q[q.qualifies.astype(bool)][["relation", "n_subjects", "n_answers", "answers_kept", "per_answer",
-                                                "n_finetune_subjects", "n_heldout", "dropped_answers"]]), ""]
+    out = [
+        f"## Real facts on a pretrained encoder: {len(q)} LRE relations, {int(q.qualifies.sum())} qualify",
+        "",
+        "A relation qualifies when at least 2 of its answers have 6 or more distinct subjects (at most the 20 most "
+        "frequent answers kept) and the design leaves at least 20 held-out subjects (`lab/study/relations.py`). Left out: "
+        + "; ".join(f"{n} x '{r}'" for r, n in reasons.items())
+        + ".",
+        "",
+        _table(
+            q[q.qualifies.astype(bool)][
+                [
+                    "relation",
+                    "n_subjects",
+                    "n_answers",
+                    "answers_kept",
+                    "per_answer",
+                    "n_finetune_subjects",
+                    "n_heldout",
+                    "dropped_answers",
+                ]
+            ]
+        ),
+        "",
+    ]
     rel = pd.read_csv(study / "relations.csv")
     m0 = json.loads((study / "summary.json").read_text())["methods"][0]
     x, y = rel.readability_best_kappa.to_numpy(float), rel[f"generalization_kappa_{m0}"].to_numpy(float)
-    loo = sorted((float(np.corrcoef(np.delete(x, i), np.delete(y, i))[0, 1]), name) for i, name in enumerate(rel.relation))
-    out += [f"Leave one relation out, the headline r ranges from {_f(loo[0][0])} (without {loo[0][1]}) to {_f(loo[-1][0])} "
-            f"(without {loo[-1][1]}).", ""]
+    loo = sorted(
+        (float(np.corrcoef(np.delete(x, i), np.delete(y, i))[0, 1]), name) for i, name in enumerate(rel.relation)
+    )
+    out += [
+        f"Leave one relation out, the headline r ranges from {_f(loo[0][0])} (without {loo[0][1]}) to {_f(loo[-1][0])} "
+        f"(without {loo[-1][1]}).",
+        "",
+    ]
     unfit = rel[[c for c in rel.columns if c.startswith("train_accuracy_")]].lt(1).sum()
-    out += ["Fine-tunes that did not learn every fine-tuning subject within the step budget (main runs): "
-            + ", ".join(f"{c.removeprefix('train_accuracy_')} {int(n)} of {len(rel)}" for c, n in unfit.items()) + ".", ""]
+    out += [
+        "Fine-tunes that did not learn every fine-tuning subject within the step budget (main runs): "
+        + ", ".join(f"{c.removeprefix('train_accuracy_')} {int(n)} of {len(rel)}" for c, n in unfit.items())
+        + ".",
+        "",
+    ]
     section = study_section(study, figures_to, prefix="study_real")
     return "\n".join(out) + "\n" + section.replace("## The generalization study:", "### The generalization study:", 1)
 
@@ -155,9 +270,28 @@ def interventions_section(folder: Path, figures_to: Path | None = None) -> str:
                 figures_to.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, figures_to / f"interventions_{name}.png")
                 out += [f"![{name}](interventions_{name}.png)", ""]
-    cols = ["relation", "layer", "rank", "readability_kappa", "probe_before_kappa", "probe_after_kappa", "transfer_after_kappa",
-            "moved_leace", "moved_random", "generalization_none", "generalization_random", "generalization_leace", "excess_drop", "excess_drop_ci_low",
-            "excess_drop_ci_high", "n_steered", "switch_rate", "switch_rate_random", "switch_excess_ci_low", "switch_excess_ci_high"]
+    cols = [
+        "relation",
+        "layer",
+        "rank",
+        "readability_kappa",
+        "probe_before_kappa",
+        "probe_after_kappa",
+        "transfer_after_kappa",
+        "moved_leace",
+        "moved_random",
+        "generalization_none",
+        "generalization_random",
+        "generalization_leace",
+        "excess_drop",
+        "excess_drop_ci_low",
+        "excess_drop_ci_high",
+        "n_steered",
+        "switch_rate",
+        "switch_rate_random",
+        "switch_excess_ci_low",
+        "switch_excess_ci_high",
+    ]
     out += [_table(t[[c for c in cols if c in t]].sort_values("readability_kappa", ascending=False)), ""]
     return "\n".join(out)
 
@@ -165,18 +299,45 @@ def interventions_section(folder: Path, figures_to: Path | None = None) -> str:
 def causal_section(causal: Path) -> str:
     s = json.loads((causal / "causal.json").read_text())
     df = pd.read_csv(causal / "causal.csv")
-    out = ["## The causal test: augmented vs plain writing", "",
-           f"Manipulated: {', '.join(s['manipulated'])} ({s['method']} fine-tuning; kappa). Writing of every other relation "
-           f"identical in both worlds: {bool(df[~df.manipulated].writing_identical.all())} (document hashes).", ""]
+    out = [
+        "## The causal test: augmented vs plain writing",
+        "",
+        f"Manipulated: {', '.join(s['manipulated'])} ({s['method']} fine-tuning; kappa). Writing of every other relation "
+        f"identical in both worlds: {bool(df[~df.manipulated].writing_identical.all())} (document hashes).",
+        "",
+    ]
     rows = []
     for vs, d in s["difference_in_differences"].items():
         for col, v in d.items():
-            rows.append({"against": vs, "change in": col, "difference in differences": v["estimate"], "ci_low": v["ci_low"],
-                         "ci_high": v["ci_high"], "p (permutation)": v["p_value"]})
+            rows.append(
+                {
+                    "against": vs,
+                    "change in": col,
+                    "difference in differences": v["estimate"],
+                    "ci_low": v["ci_low"],
+                    "ci_high": v["ci_high"],
+                    "p (permutation)": v["p_value"],
+                }
+            )
     out += [_table(pd.DataFrame(rows)), "", "Mean change (plain - augmented) per group:", ""]
     out += [_table(pd.DataFrame([{"group": g, "n": s["n"][g], **v} for g, v in s["mean_delta"].items()])), ""]
-    out += [_table(df[["relation", "manipulated", "derived_from_manipulated", "writing_identical", "delta_readability",
-                       "delta_generalization", "delta_readability_raw", "delta_generalization_raw"]]), ""]
+    out += [
+        _table(
+            df[
+                [
+                    "relation",
+                    "manipulated",
+                    "derived_from_manipulated",
+                    "writing_identical",
+                    "delta_readability",
+                    "delta_generalization",
+                    "delta_readability_raw",
+                    "delta_generalization_raw",
+                ]
+            ]
+        ),
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -184,14 +345,19 @@ def world_section(report: Path) -> str:
     """What the world model knows, from a saved ``interp world report --out FILE`` table."""
     df = pd.read_csv(report)
     aug = df[df.augment.astype(bool)]
-    out = ["## The embedded world model: what it knows", "",
-           f"`interp world report`: recall is the greedy next token on every fact's corpus query (all subjects); readability "
-           f"is the 5-fold probe accuracy at the subject's last token at the relation's best layer (the highest kappa, "
-           f"`probes.readability`), chance = 1/#answers. Mean recall "
-           f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); readability "
-           f"{_f(df.readability.min())} to {_f(df.readability.max())}; the {len(aug)} augmented relations average "
-           f"{_f(aug.readability.mean())} readability against {_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.", "",
-           _table(df), ""]
+    out = [
+        "## The embedded world model: what it knows",
+        "",
+        f"`interp world report`: recall is the greedy next token on every fact's corpus query (all subjects); readability "
+        f"is the 5-fold probe accuracy at the subject's last token at the relation's best layer (the highest kappa, "
+        f"`probes.readability`), chance = 1/#answers. Mean recall "
+        f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); readability "
+        f"{_f(df.readability.min())} to {_f(df.readability.max())}; the {len(aug)} augmented relations average "
+        f"{_f(aug.readability.mean())} readability against {_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.",
+        "",
+        _table(df),
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -199,32 +365,60 @@ def ablation_section(folder: Path) -> str:
     """One row per variant of the world model's recipe, from ``interp world ablate``'s tables."""
     df = pd.read_csv(folder / "ablation.csv")
     plan = json.loads((folder / "ablation_plan.json").read_text())
-    cols = ["variant", "factor", "checkpoint", "steps", "recall", "readability", "generalization", "generalization_max", "relations_ge_0.5",
-            "relations_le_0.05", "r", "pretrain_minutes"]
-    out = ["## What makes knowledge active: the ablation", "",
-           f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; world variants "
-           f"are pretrained for {plan['steps']} steps (the baseline row too, so rows compare like with like; the shipped "
-           "checkpoint has more), and every row is measured with a reduced study (one label assignment, one seed, full "
-           "fine-tuning unless the row says otherwise). Rows that change only the fine-tuning need no pretraining: they "
-           "fine-tune the recipe's own model (`checkpoint` = shipped) and compare with its row. Readability and "
-           "generalization are mean kappas over relations; `r` is the study's headline correlation of the two across "
-           "relations.", "",
-           _table(df[[c for c in cols if c in df]]), ""]
+    cols = [
+        "variant",
+        "factor",
+        "checkpoint",
+        "steps",
+        "recall",
+        "readability",
+        "generalization",
+        "generalization_max",
+        "relations_ge_0.5",
+        "relations_le_0.05",
+        "r",
+        "pretrain_minutes",
+    ]
+    out = [
+        "## What makes knowledge active: the ablation",
+        "",
+        f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; world variants "
+        f"are pretrained for {plan['steps']} steps (the baseline row too, so rows compare like with like; the shipped "
+        "checkpoint has more), and every row is measured with a reduced study (one label assignment, one seed, full "
+        "fine-tuning unless the row says otherwise). Rows that change only the fine-tuning need no pretraining: they "
+        "fine-tune the recipe's own model (`checkpoint` = shipped) and compare with its row. Readability and "
+        "generalization are mean kappas over relations; `r` is the study's headline correlation of the two across "
+        "relations.",
+        "",
+        _table(df[[c for c in cols if c in df]]),
+        "",
+    ]
     return "\n".join(out)
 
 
-def write_findings(study: str | Path, out: str | Path = "docs/study.md", causal: str | Path | None = None,
-                   command: str = "interp study", world: str | Path | None = None,
-                   ablation: str | Path | None = None, real: str | Path | None = None,
-                   interventions: str | Path | None = None) -> Path:
+def write_findings(
+    study: str | Path,
+    out: str | Path = "docs/study.md",
+    causal: str | Path | None = None,
+    command: str = "interp study",
+    world: str | Path | None = None,
+    ablation: str | Path | None = None,
+    real: str | Path | None = None,
+    interventions: str | Path | None = None,
+) -> Path:
     """Write the findings page from saved results (and copy the headline figures beside it):
     the study, and optionally the causal test, the world model's report table, the ablation and a
     study on a pretrained model (``real``: e.g. ``interp study --model minilm``'s folder), and the
     interventions (``interventions``: ``interp study interventions``' folder)."""
     study, out = Path(study), Path(out)
-    parts = ["# Findings: the generalization study", "",
-             f"Generated by `interp study findings` from the saved tables of `{command}`; do not edit by hand.", "",
-             METHODS, study_section(study, out.parent)]
+    parts = [
+        "# Findings: the generalization study",
+        "",
+        f"Generated by `interp study findings` from the saved tables of `{command}`; do not edit by hand.",
+        "",
+        METHODS,
+        study_section(study, out.parent),
+    ]
     if causal is not None and (Path(causal) / "causal.json").exists():
         parts.append(causal_section(Path(causal)))
     if world is not None and Path(world).exists():

@@ -20,6 +20,7 @@ The seed sets LoRA's initialization and the order of minibatches (``batch_size``
 without replacement). A fine-tuning set that fits in one batch is trained full-batch, so full
 fine-tuning is then deterministic and every seed gives the same model.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -49,8 +50,15 @@ class FinetuneConfig:
         return asdict(self)
 
 
-def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_set: Sequence[str],
-             method: str, config: FinetuneConfig, seed: int) -> tuple[Model, dict]:
+def finetune(
+    model: Model,
+    prompts: Sequence[str],
+    labels: Sequence[str],
+    label_set: Sequence[str],
+    method: str,
+    config: FinetuneConfig,
+    seed: int,
+) -> tuple[Model, dict]:
     """A fine-tuned copy of ``model`` (a handle on the same backend; the original is untouched)
     and a dict of training facts. Trained and checked through the handle's backend."""
     if method not in ("full", "lora"):
@@ -59,7 +67,9 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
     lora = LoraSpec(config.lora_r, config.lora_alpha) if method == "lora" else None
     tuned = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)
     params = tuned.trainable_parameters()
-    opt = torch.optim.AdamW(params, lr=config.lora_lr if method == "lora" else config.lr, weight_decay=config.weight_decay)
+    opt = torch.optim.AdamW(
+        params, lr=config.lora_lr if method == "lora" else config.lr, weight_decay=config.weight_decay
+    )
     examples = tuned.scoring.examples(prompts, labels)
     gold = torch.tensor([list(label_set).index(l) for l in labels])
     gen = torch.Generator().manual_seed(seed)
@@ -80,5 +90,9 @@ def finetune(model: Model, prompts: Sequence[str], labels: Sequence[str], label_
             if train_acc == 1.0:
                 loop.stop()
     tuned.eval()
-    return tuned, {"steps": steps, "train_accuracy": train_acc, "final_loss": loss.item(),
-                   "trainable_params": sum(p.numel() for p in params)}
+    return tuned, {
+        "steps": steps,
+        "train_accuracy": train_acc,
+        "final_loss": loss.item(),
+        "trainable_params": sum(p.numel() for p in params),
+    }

@@ -59,6 +59,7 @@ Results (``interp study interventions``): ``interventions.csv`` (one row per rel
 ``interventions.json`` (across relations), figures and ``interventions.html``. Every fine-tune
 arm is saved as it finishes (``runs/``), so an interrupted run resumes.
 """
+
 from __future__ import annotations
 
 import html
@@ -131,8 +132,9 @@ class SubjectEnd:
         end = first.text.index(first.subject) + len(first.subject)
         self.suffix = [t for t, (a, b) in zip(enc["input_ids"], enc["offset_mapping"]) if a >= end and b > a]
         if not self.suffix:
-            raise ValueError(f"{first.text!r} has no words after the subject {first.subject!r}; the subject's end cannot "
-                             "be found")
+            raise ValueError(
+                f"{first.text!r} has no words after the subject {first.subject!r}; the subject's end cannot be found"
+            )
         for i, p in enumerate(prompts):
             ids = tokenizer(p.text)["input_ids"]
             want = resolve_positions(encode(tokenizer, [p])[0], p, "subject_last", i)[0]
@@ -141,8 +143,10 @@ class SubjectEnd:
             except ValueError:
                 got = None
             if got != want:
-                raise ValueError(f"in {p.text!r} the subject's last token is not followed by the template's tokens "
-                                 f"{self.suffix} (the tokenizer merges across the boundary, or the template differs)")
+                raise ValueError(
+                    f"in {p.text!r} the subject's last token is not followed by the template's tokens "
+                    f"{self.suffix} (the tokenizer merges across the boundary, or the template differs)"
+                )
 
     def position(self, ids: Sequence[int]) -> int:
         n, m = len(ids), len(self.suffix)
@@ -154,7 +158,9 @@ class SubjectEnd:
     def __call__(self, batch: Batch) -> torch.Tensor:
         """Position of the subject's last token in every row of ``batch`` (padding included)."""
         ids, mask = batch.input_ids.tolist(), batch.attention_mask.tolist()
-        return torch.tensor([self.position([t for t, m in zip(row, mrow) if m]) + _lead(mrow) for row, mrow in zip(ids, mask)])
+        return torch.tensor(
+            [self.position([t for t, m in zip(row, mrow) if m]) + _lead(mrow) for row, mrow in zip(ids, mask)]
+        )
 
     def prefix(self, row: Sequence[int], mask: Sequence[int]) -> tuple[int, ...]:
         """The row's tokens up to and including the subject's last token: a key for the prompt."""
@@ -172,6 +178,7 @@ def _lead(mask_row: Sequence[int]) -> int:
 
 def erasing(locate: SubjectEnd, eraser: Eraser):
     """A standing intervention applying ``eraser`` at the subject's last token of every row."""
+
     def fn(act, batch):
         pos = locate(batch).to(act.device)
         rows = torch.arange(act.shape[0], device=act.device)
@@ -185,6 +192,7 @@ def erasing(locate: SubjectEnd, eraser: Eraser):
 def steering(locate: SubjectEnd, vectors: dict[tuple[int, ...], torch.Tensor]):
     """A standing intervention adding ``vectors[prompt prefix]`` at the subject's last token (rows
     whose prompt has no vector are left alone)."""
+
     def fn(act, batch):
         pos = locate(batch)
         ids, mask = batch.input_ids.tolist(), batch.attention_mask.tolist()
@@ -215,8 +223,14 @@ def states(model: Model, prompts: Sequence[Prompt], layer: int | Sequence[int]) 
     return out if many else out[0]
 
 
-def probe_kappa(x_fit: np.ndarray, y_fit: Sequence, x_test: np.ndarray | None = None, y_test: Sequence | None = None,
-                folds: int = 5, seed: int = 0) -> float:
+def probe_kappa(
+    x_fit: np.ndarray,
+    y_fit: Sequence,
+    x_test: np.ndarray | None = None,
+    y_test: Sequence | None = None,
+    folds: int = 5,
+    seed: int = 0,
+) -> float:
     """Kappa of a standardized logistic probe: cross-validated on ``(x_fit, y_fit)``, or trained
     there and tested on ``(x_test, y_test)``. Answers rarer than ``folds`` are left out of CV."""
     y_fit = np.asarray(y_fit)
@@ -262,8 +276,11 @@ def fit_erasers(x_finetune: torch.Tensor, answers: Sequence[str], n_random: int,
     shuffled = list(answers)
     random.Random(seed).shuffle(shuffled)
     rank = leace.rank
-    return {"leace": leace, "shuffled": fit_leace(x_finetune, shuffled),
-            **{f"random{j}": random_subspace(x_finetune, rank, seed * 1000 + j) for j in range(n_random)}}
+    return {
+        "leace": leace,
+        "shuffled": fit_leace(x_finetune, shuffled),
+        **{f"random{j}": random_subspace(x_finetune, rank, seed * 1000 + j) for j in range(n_random)},
+    }
 
 
 def relation_seed(seed: int, relation: str) -> int:
@@ -277,22 +294,40 @@ class Interventions:
     the study's own for this model); ``relations`` (and ``labels`` for a real model): as
     :func:`lab.study.run_study` takes them."""
 
-    def __init__(self, model="world", relations: Sequence | None = None, out: str | Path = "results/interventions",
-                 config: InterventionConfig = InterventionConfig(), study_config: StudyConfig | None = None,
-                 backend: str = interp.DEFAULT_BACKEND, progress: bool | None = None, labels: dict | None = None):
+    def __init__(
+        self,
+        model="world",
+        relations: Sequence | None = None,
+        out: str | Path = "results/interventions",
+        config: InterventionConfig = InterventionConfig(),
+        study_config: StudyConfig | None = None,
+        backend: str = interp.DEFAULT_BACKEND,
+        progress: bool | None = None,
+        labels: dict | None = None,
+    ):
         self.out = Path(out)
         self.config = config
         self.progress = progress
-        self.study, self.qualification = make_study(model, relations, self.out, study_config or default_config(model),
-                                                    backend, progress, labels=labels, min_relations=1)
+        self.study, self.qualification = make_study(
+            model,
+            relations,
+            self.out,
+            study_config or default_config(model),
+            backend,
+            progress,
+            labels=labels,
+            min_relations=1,
+        )
         self.model = self.study.model
 
     def _check_folder(self) -> None:
         self.study._check_folder()  # the same model, relations and study configuration, or refuse
         path = self.out / "interventions_config.json"
         if path.exists() and json.loads(path.read_text()) != self.config.to_dict():
-            raise ValueError(f"{self.out} holds interventions run with {json.loads(path.read_text())}, not "
-                             f"{self.config.to_dict()}; use a new output folder")
+            raise ValueError(
+                f"{self.out} holds interventions run with {json.loads(path.read_text())}, not "
+                f"{self.config.to_dict()}; use a new output folder"
+            )
         write_json(self.config.to_dict(), path)
 
     def run(self) -> pd.DataFrame:
@@ -300,8 +335,10 @@ class Interventions:
         if self.config.method not in ("full", "lora"):
             raise ValueError(f"unknown fine-tuning method {self.config.method!r}; use 'full' or 'lora'")
         if self.model.n_layers < 2:
-            raise ValueError("an intervention at the subject must act before the last block (whose output at the subject "
-                             "reaches no other token): the model needs at least 2 layers")
+            raise ValueError(
+                "an intervention at the subject must act before the last block (whose output at the subject "
+                "reaches no other token): the model needs at least 2 layers"
+            )
         validate_study(self.study, min_relations=1)  # one relation can be intervened on; correlations need 3
         self._check_folder()
         if self.qualification is not None:
@@ -333,7 +370,9 @@ class Interventions:
         design = self.study.design(r, sc.category, sc.label_seeds[0])
         tmpl = sc.finetune.template
         prompts = {i: Prompt(tmpl.format(r.subjects[i]), r.subjects[i]) for i in design.finetune + design.heldout}
-        locate = SubjectEnd(self.model.tokenizer, [Prompt(self.model.scoring.context(p.text), p.subject) for p in prompts.values()])
+        locate = SubjectEnd(
+            self.model.tokenizer, [Prompt(self.model.scoring.context(p.text), p.subject) for p in prompts.values()]
+        )
         a_ft = [r.answers[i] for i in design.finetune]
         a_ho = [r.answers[i] for i in design.heldout]
         # the layer: the most readable one on the fine-tuning subjects (held-out subjects play no part), before
@@ -347,16 +386,24 @@ class Interventions:
         erasers = fit_erasers(x_ft, a_ft, c.n_random, seed)
         leace = erasers["leace"]
         randoms = [a for a in erasers if a.startswith("random")]
-        row = {"relation": r.name, "layer": layer, "n_answers": len(design.labels), "n_finetune": len(design.finetune),
-               "n_heldout": len(design.heldout), "rank": leace.rank, "leftover_covariance": leftover(leace, x_ft, a_ft),
-               "probe_before_kappa": by_layer[layer],
-               "probe_after_kappa": erased_probe_kappa(x_ft.numpy(), a_ft, folds=c.folds, seed=c.seed),
-               "transfer_before_kappa": probe_kappa(x_ft.numpy(), a_ft, x_ho.numpy(), a_ho),
-               "transfer_after_kappa": probe_kappa(leace(x_ft).numpy(), a_ft, leace(x_ho).numpy(), a_ho),
-               # how much each eraser moves the states (mean squared change / mean squared deviation from the
-               # mean): LEACE removes the answer's directions, which may carry more variance than random ones
-               "moved_leace": _moved(x_ft, leace), "moved_shuffled": _moved(x_ft, erasers["shuffled"]),
-               "moved_random": float(np.mean([_moved(x_ft, erasers[k]) for k in randoms]))}
+        row = {
+            "relation": r.name,
+            "layer": layer,
+            "n_answers": len(design.labels),
+            "n_finetune": len(design.finetune),
+            "n_heldout": len(design.heldout),
+            "rank": leace.rank,
+            "leftover_covariance": leftover(leace, x_ft, a_ft),
+            "probe_before_kappa": by_layer[layer],
+            "probe_after_kappa": erased_probe_kappa(x_ft.numpy(), a_ft, folds=c.folds, seed=c.seed),
+            "transfer_before_kappa": probe_kappa(x_ft.numpy(), a_ft, x_ho.numpy(), a_ho),
+            "transfer_after_kappa": probe_kappa(leace(x_ft).numpy(), a_ft, leace(x_ho).numpy(), a_ho),
+            # how much each eraser moves the states (mean squared change / mean squared deviation from the
+            # mean): LEACE removes the answer's directions, which may carry more variance than random ones
+            "moved_leace": _moved(x_ft, leace),
+            "moved_shuffled": _moved(x_ft, erasers["shuffled"]),
+            "moved_random": float(np.mean([_moved(x_ft, erasers[k]) for k in randoms])),
+        }
         ft_prompts = [prompts[i].text for i in design.finetune]
         ft_labels = [design.mapping[a] for a in a_ft]
         ho_prompts = [prompts[i].text for i in design.heldout]
@@ -369,44 +416,91 @@ class Interventions:
                 res = json.loads(path.read_text())
             else:
                 model = self.model if arm == "none" else self.model.intervened(site, erasing(locate, erasers[arm]))
-                tuned, info = finetune(model, ft_prompts, ft_labels, design.labels, c.method, sc.finetune, seed=sc.finetune_seeds[0])
+                tuned, info = finetune(
+                    model, ft_prompts, ft_labels, design.labels, c.method, sc.finetune, seed=sc.finetune_seeds[0]
+                )
                 scores = tuned.logprobs(ho_prompts, design.labels)
                 res = {"layer": layer, "predicted": [design.labels[j] for j in scores.argmax(-1).tolist()], **info}
                 if arm == "none":
                     tuned_none = tuned
                 else:  # is the answer still erased in the fine-tuned model? (its earlier blocks moved)
                     res["probe_after_tuned_kappa"] = probe_kappa(
-                        states(tuned, [prompts[i] for i in design.finetune], layer).numpy(), a_ft, folds=c.folds, seed=c.seed)
+                        states(tuned, [prompts[i] for i in design.finetune], layer).numpy(),
+                        a_ft,
+                        folds=c.folds,
+                        seed=c.seed,
+                    )
                 (self.out / "runs").mkdir(parents=True, exist_ok=True)
                 write_json(res, path)
             preds[arm] = res["predicted"]
-            arm_rows.append({"relation": r.name, "arm": arm, "kind": arm.rstrip("0123456789"),
-                             "generalization_kappa": kappa(truth, res["predicted"]),
-                             "generalization": float(np.mean([p == t for p, t in zip(res["predicted"], truth)])),
-                             "probe_after_tuned_kappa": res.get("probe_after_tuned_kappa", np.nan),
-                             "train_accuracy": res["train_accuracy"], "steps": res["steps"]})
+            arm_rows.append(
+                {
+                    "relation": r.name,
+                    "arm": arm,
+                    "kind": arm.rstrip("0123456789"),
+                    "generalization_kappa": kappa(truth, res["predicted"]),
+                    "generalization": float(np.mean([p == t for p, t in zip(res["predicted"], truth)])),
+                    "probe_after_tuned_kappa": res.get("probe_after_tuned_kappa", np.nan),
+                    "train_accuracy": res["train_accuracy"],
+                    "steps": res["steps"],
+                }
+            )
         k = {arm: kappa(truth, preds[arm]) for arm in preds}
         k_random = float(np.mean([k[a] for a in randoms]))
         lo, hi = _bootstrap_excess(truth, preds["leace"], [preds[a] for a in randoms], c.n_boot, seed)
-        row.update({"probe_after_tuned_kappa": float(next(a["probe_after_tuned_kappa"] for a in arm_rows if a["arm"] == "leace")),
-                    "generalization_none": k["none"], "generalization_leace": k["leace"],
-                    "generalization_shuffled": k["shuffled"], "generalization_random": k_random,
-                    "generalization_random_sd": float(np.std([k[a] for a in randoms])),
-                    "drop_leace": k["none"] - k["leace"], "drop_random": k["none"] - k_random,
-                    "excess_drop": k_random - k["leace"], "excess_drop_ci_low": lo, "excess_drop_ci_high": hi,
-                    "excess_drop_shuffled": k["shuffled"] - k["leace"]})
+        row.update(
+            {
+                "probe_after_tuned_kappa": float(
+                    next(a["probe_after_tuned_kappa"] for a in arm_rows if a["arm"] == "leace")
+                ),
+                "generalization_none": k["none"],
+                "generalization_leace": k["leace"],
+                "generalization_shuffled": k["shuffled"],
+                "generalization_random": k_random,
+                "generalization_random_sd": float(np.std([k[a] for a in randoms])),
+                "drop_leace": k["none"] - k["leace"],
+                "drop_random": k["none"] - k_random,
+                "excess_drop": k_random - k["leace"],
+                "excess_drop_ci_low": lo,
+                "excess_drop_ci_high": hi,
+                "excess_drop_shuffled": k["shuffled"] - k["leace"],
+            }
+        )
         steer_rows = self._steer(r, design, locate, layer, x_ft, a_ft, prompts, preds["none"], tuned_none, seed)
         sr = pd.DataFrame(steer_rows)
         if len(sr):
-            s_lo, s_hi = _bootstrap_mean_diff(sr.switched.to_numpy(float), sr.switched_random.to_numpy(float), c.n_boot, seed)
-            row.update({"n_steered": len(sr), "switch_rate": float(sr.switched.mean()),
-                        "switch_rate_random": float(sr.switched_random.mean()),
-                        "changed_rate": float(sr.changed.mean()), "changed_rate_random": float(sr.changed_random.mean()),
-                        "switch_excess": float(sr.switched.mean() - sr.switched_random.mean()),
-                        "switch_excess_ci_low": s_lo, "switch_excess_ci_high": s_hi, "steer_norm": float(sr.norm.iloc[0])})
+            s_lo, s_hi = _bootstrap_mean_diff(
+                sr.switched.to_numpy(float), sr.switched_random.to_numpy(float), c.n_boot, seed
+            )
+            row.update(
+                {
+                    "n_steered": len(sr),
+                    "switch_rate": float(sr.switched.mean()),
+                    "switch_rate_random": float(sr.switched_random.mean()),
+                    "changed_rate": float(sr.changed.mean()),
+                    "changed_rate_random": float(sr.changed_random.mean()),
+                    "switch_excess": float(sr.switched.mean() - sr.switched_random.mean()),
+                    "switch_excess_ci_low": s_lo,
+                    "switch_excess_ci_high": s_hi,
+                    "steer_norm": float(sr.norm.iloc[0]),
+                }
+            )
         else:
-            row.update({c_: np.nan for c_ in ("switch_rate", "switch_rate_random", "changed_rate", "changed_rate_random",
-                                              "switch_excess", "switch_excess_ci_low", "switch_excess_ci_high", "steer_norm")})
+            row.update(
+                {
+                    c_: np.nan
+                    for c_ in (
+                        "switch_rate",
+                        "switch_rate_random",
+                        "changed_rate",
+                        "changed_rate_random",
+                        "switch_excess",
+                        "switch_excess_ci_low",
+                        "switch_excess_ci_high",
+                        "steer_norm",
+                    )
+                }
+            )
             row["n_steered"] = 0
         return row, arm_rows, steer_rows
 
@@ -420,17 +514,26 @@ class Interventions:
         ho_texts = [prompts[i].text for i in design.heldout]
         if tuned is None:
             ft_labels = [design.mapping[a] for a in a_ft]
-            tuned, _ = finetune(self.model, [prompts[i].text for i in design.finetune], ft_labels, design.labels, c.method,
-                                sc.finetune, seed=sc.finetune_seeds[0])
+            tuned, _ = finetune(
+                self.model,
+                [prompts[i].text for i in design.finetune],
+                ft_labels,
+                design.labels,
+                c.method,
+                sc.finetune,
+                seed=sc.finetune_seeds[0],
+            )
             again = [design.labels[j] for j in tuned.logprobs(ho_texts, design.labels).argmax(-1).tolist()]
             if again != pred_none:
-                raise RuntimeError(f"{r.name}: the fine-tune made again for steering does not reproduce the saved predictions "
-                                   f"({sum(a != b for a, b in zip(again, pred_none))} differ; another machine or thread count?); "
-                                   f"delete {self.out / 'runs' / (r.name + '__none.json')} to redo both")
+                raise RuntimeError(
+                    f"{r.name}: the fine-tune made again for steering does not reproduce the saved predictions "
+                    f"({sum(a != b for a, b in zip(again, pred_none))} differ; another machine or thread count?); "
+                    f"delete {self.out / 'runs' / (r.name + '__none.json')} to redo both"
+                )
         answers = sorted(design.mapping)
         y = np.asarray(a_ft)
         means = {a: x_ft[torch.as_tensor(y == a)].mean(0) for a in answers}
-        dists = [float((means[a] - means[b]).norm()) for i, a in enumerate(answers) for b in answers[i + 1:]]
+        dists = [float((means[a] - means[b]).norm()) for i, a in enumerate(answers) for b in answers[i + 1 :]]
         norm = c.steer_scale * float(np.median(dists))
         rng = random.Random(seed)
         gen = torch.Generator().manual_seed(seed)
@@ -449,7 +552,9 @@ class Interventions:
         if not targets:
             write_json([], path)
             return []
-        direction = {k: (means[b] - means[a]) / (means[b] - means[a]).norm() * norm for k, (_, a, b) in zip(keys, targets)}
+        direction = {
+            k: (means[b] - means[a]) / (means[b] - means[a]).norm() * norm for k, (_, a, b) in zip(keys, targets)
+        }
         texts = [prompts[i].text for i, _, _ in targets]
         site = self.model.resid_site(layer)
         steered = tuned.intervened(site, steering(locate, direction)).logprobs(texts, design.labels).argmax(-1).tolist()
@@ -462,11 +567,23 @@ class Interventions:
             out = tuned.intervened(site, steering(locate, rand)).logprobs(texts, design.labels).argmax(-1).tolist()
             switched_random += [design.labels[o] == design.mapping[b] for o, (_, _, b) in zip(out, targets)]
             changed_random += [design.labels[o] != design.mapping[a] for o, (_, a, _) in zip(out, targets)]
-        rows = [{"relation": r.name, "subject": r.subjects[i], "answer": a, "target_answer": b, "label": design.mapping[a],
-                 "target_label": design.mapping[b], "steered_label": design.labels[o],
-                 "switched": design.labels[o] == design.mapping[b], "changed": design.labels[o] != design.mapping[a],
-                 "switched_random": float(sw / c.n_random), "changed_random": float(ch / c.n_random), "norm": norm}
-                for (i, a, b), o, sw, ch in zip(targets, steered, switched_random, changed_random)]
+        rows = [
+            {
+                "relation": r.name,
+                "subject": r.subjects[i],
+                "answer": a,
+                "target_answer": b,
+                "label": design.mapping[a],
+                "target_label": design.mapping[b],
+                "steered_label": design.labels[o],
+                "switched": design.labels[o] == design.mapping[b],
+                "changed": design.labels[o] != design.mapping[a],
+                "switched_random": float(sw / c.n_random),
+                "changed_random": float(ch / c.n_random),
+                "norm": norm,
+            }
+            for (i, a, b), o, sw, ch in zip(targets, steered, switched_random, changed_random)
+        ]
         write_json(rows, path)
         return rows
 
@@ -507,13 +624,18 @@ def across_relations(values: Sequence[float], n_boot: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     boot = v[rng.integers(0, len(v), (n_boot, len(v)))].mean(1)
     flips = (rng.choice([-1.0, 1.0], (n_boot, len(v))) * v).mean(1)
-    return {"mean": float(v.mean()), "ci": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
-            "p_sign_flip": float((1 + np.sum(np.abs(flips) >= abs(v.mean()) - 1e-12)) / (n_boot + 1)), "n": len(v)}
+    return {
+        "mean": float(v.mean()),
+        "ci": [float(np.quantile(boot, 0.025)), float(np.quantile(boot, 0.975))],
+        "p_sign_flip": float((1 + np.sum(np.abs(flips) >= abs(v.mean()) - 1e-12)) / (n_boot + 1)),
+        "n": len(v),
+    }
 
 
 def summarize(table: pd.DataFrame, config: InterventionConfig, model: str, template: str) -> dict:
     """Across relations: means with CIs over relations, and whether the excess drop and the
     steering excess grow with readability."""
+
     def corr(y: str) -> dict:
         t = table[["readability_kappa", y]].dropna()
         if len(t) < 3:
@@ -521,18 +643,41 @@ def summarize(table: pd.DataFrame, config: InterventionConfig, model: str, templ
         out = pearson(t.readability_kappa, t[y], config.n_boot, config.n_boot, config.seed)
         return {"r": out["r"], "ci": [out["ci_low"], out["ci_high"]], "p_value": out["p_value"], "n": out["n"]}
 
-    means = ("probe_before_kappa", "probe_after_kappa", "probe_after_tuned_kappa", "transfer_before_kappa",
-             "transfer_after_kappa", "moved_leace", "moved_shuffled", "moved_random", "generalization_none",
-             "generalization_leace", "generalization_shuffled", "generalization_random", "excess_drop", "excess_drop_shuffled",
-             "switch_rate", "switch_rate_random", "changed_rate", "changed_rate_random", "switch_excess")
-    return {"model": model, "template": template, "n_relations": int(len(table)), "config": config.to_dict(),
-            "mean": {c: float(table[c].mean()) for c in means},
-            "excess_drop": across_relations(table.excess_drop, config.n_boot, config.seed),
-            "excess_drop_shuffled": across_relations(table.excess_drop_shuffled, config.n_boot, config.seed),
-            "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
-            "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
-            "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
-            "excess_drop_vs_readability": corr("excess_drop"), "switch_excess_vs_readability": corr("switch_excess")}
+    means = (
+        "probe_before_kappa",
+        "probe_after_kappa",
+        "probe_after_tuned_kappa",
+        "transfer_before_kappa",
+        "transfer_after_kappa",
+        "moved_leace",
+        "moved_shuffled",
+        "moved_random",
+        "generalization_none",
+        "generalization_leace",
+        "generalization_shuffled",
+        "generalization_random",
+        "excess_drop",
+        "excess_drop_shuffled",
+        "switch_rate",
+        "switch_rate_random",
+        "changed_rate",
+        "changed_rate_random",
+        "switch_excess",
+    )
+    return {
+        "model": model,
+        "template": template,
+        "n_relations": int(len(table)),
+        "config": config.to_dict(),
+        "mean": {c: float(table[c].mean()) for c in means},
+        "excess_drop": across_relations(table.excess_drop, config.n_boot, config.seed),
+        "excess_drop_shuffled": across_relations(table.excess_drop_shuffled, config.n_boot, config.seed),
+        "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
+        "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
+        "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
+        "excess_drop_vs_readability": corr("excess_drop"),
+        "switch_excess_vs_readability": corr("switch_excess"),
+    }
 
 
 # figures and report ----------------------------------------------------------------------------
@@ -540,23 +685,51 @@ def figures(out: Path) -> dict[str, go.Figure]:
     t = pd.read_csv(out / "interventions.csv").sort_values("readability_kappa")
     s = json.loads((out / "interventions.json").read_text())
     bars = go.Figure()
-    for (col, name), color in zip([("generalization_none", "no erasure"), ("generalization_random", "random subspace"),
-                                   ("generalization_shuffled", "shuffled answers (LEACE)"),
-                                   ("generalization_leace", "answer erased (LEACE)")], PALETTE):
+    for (col, name), color in zip(
+        [
+            ("generalization_none", "no erasure"),
+            ("generalization_random", "random subspace"),
+            ("generalization_shuffled", "shuffled answers (LEACE)"),
+            ("generalization_leace", "answer erased (LEACE)"),
+        ],
+        PALETTE,
+    ):
         bars.add_bar(x=t.relation, y=t[col], name=name, marker_color=color)
-    bars.update_layout(title="Held-out generalization under erasure (kappa)", barmode="group", yaxis_title="kappa (0 = chance)",
-                       xaxis_tickangle=-45)
+    bars.update_layout(
+        title="Held-out generalization under erasure (kappa)",
+        barmode="group",
+        yaxis_title="kappa (0 = chance)",
+        xaxis_tickangle=-45,
+    )
     figs = {"erasure": style(bars, "two-column")}
-    for y, name in (("excess_drop", "excess drop (random - LEACE)"), ("switch_excess", "switch rate excess over random")):
+    for y, name in (
+        ("excess_drop", "excess drop (random - LEACE)"),
+        ("switch_excess", "switch rate excess over random"),
+    ):
         c = s[f"{y}_vs_readability"]
-        sub = f"<br><sup>Pearson r = {c['r']:.2f} [{c.get('ci', [np.nan] * 2)[0]:.2f}, {c.get('ci', [np.nan] * 2)[1]:.2f}], " \
-              f"permutation p = {c.get('p_value', np.nan):.2g}, n = {c['n']}</sup>"
+        sub = (
+            f"<br><sup>Pearson r = {c['r']:.2f} [{c.get('ci', [np.nan] * 2)[0]:.2f}, {c.get('ci', [np.nan] * 2)[1]:.2f}], "
+            f"permutation p = {c.get('p_value', np.nan):.2g}, n = {c['n']}</sup>"
+        )
         err = dict(type="data", symmetric=False, array=t[f"{y}_ci_high"] - t[y], arrayminus=t[y] - t[f"{y}_ci_low"])
-        fig = go.Figure(go.Scatter(x=t.readability_kappa, y=t[y], mode="markers+text", text=t.relation, error_y=err,
-                                   textposition="top center", textfont=dict(size=11), marker=dict(size=10, color=PALETTE[0])))
+        fig = go.Figure(
+            go.Scatter(
+                x=t.readability_kappa,
+                y=t[y],
+                mode="markers+text",
+                text=t.relation,
+                error_y=err,
+                textposition="top center",
+                textfont=dict(size=11),
+                marker=dict(size=10, color=PALETTE[0]),
+            )
+        )
         fig.add_hline(y=0, line_dash="dot", line_color="#888")
-        fig.update_layout(title=f"{name} vs readability{sub}", xaxis_title="probe kappa of the original answer (best layer)",
-                          yaxis_title=name)
+        fig.update_layout(
+            title=f"{name} vs readability{sub}",
+            xaxis_title="probe kappa of the original answer (best layer)",
+            yaxis_title=name,
+        )
         figs[y] = style(fig, "two-column")
     return figs
 
@@ -569,13 +742,16 @@ def write_report(out: str | Path) -> Path:
         export(fig, out / "figures" / f"interventions_{name}")
     s = json.loads((out / "interventions.json").read_text())
     t = pd.read_csv(out / "interventions.csv")
-    parts = "".join(f"<section>{fig.to_html(full_html=False, include_plotlyjs=i == 0)}</section>" for i, fig in enumerate(figs.values()))
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Interventions: {html.escape(s['model'])}</title>
+    parts = "".join(
+        f"<section>{fig.to_html(full_html=False, include_plotlyjs=i == 0)}</section>"
+        for i, fig in enumerate(figs.values())
+    )
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Interventions: {html.escape(s["model"])}</title>
 <style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em}}table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}</style></head><body>
 <h1>Is the readable direction what the fine-tune uses?</h1>
 <p>{html.escape(section(out))}</p>
-{parts}<section><h2>Relations</h2>{t.to_html(index=False, float_format=lambda v: f'{v:.3f}')}</section></body></html>"""
+{parts}<section><h2>Relations</h2>{t.to_html(index=False, float_format=lambda v: f"{v:.3f}")}</section></body></html>"""
     path = out / "interventions.html"
     write_text(page, path)
     return path
@@ -588,21 +764,23 @@ def section(out: str | Path) -> str:
     nan2 = [np.nan] * 2
     ci = lambda c: f"[{c.get('ci', nan2)[0]:.3f}, {c.get('ci', nan2)[1]:.3f}]"  # noqa: E731
     ed, es, sw = s["excess_drop"], s["excess_drop_shuffled"], s["switch_excess"]
-    return (f"{s['model']}, {s['n_relations']} relations ({s['config']['method']} fine-tuning, {s['config']['n_random']} random "
-            f"draws per control). Erasing the original answer (LEACE at the most readable layer before the last, at the "
-            f"subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa {m['probe_before_kappa']:.3f} "
-            f"to {m['probe_after_kappa']:.3f} on those subjects ({m['transfer_after_kappa']:.3f} transferred to held-out "
-            f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} in the fine-tuned model, whose "
-            f"earlier blocks moved); it moves the states by {m['moved_leace']:.4f} of their variance, LEACE of shuffled "
-            f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. Held-out "
-            f"generalization kappa: {m['generalization_none']:.3f} without erasure, {m['generalization_random']:.3f} with a random "
-            f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, {m['generalization_leace']:.3f} "
-            f"with the answer erased. Excess drop over the random control, mean over relations {ed['mean']:.3f} "
-            f"(95% CI {ci(ed)}, sign-flip p = {ed.get('p_sign_flip', np.nan):.2g}; its per-relation CI excludes 0 in "
-            f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
-            f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
-            f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. Steering held-out subjects from answer "
-            f"a toward b along the pretrained class-mean direction switches the fine-tuned model's label to label(b) in "
-            f"{m['switch_rate']:.3f} of cases against {m['switch_rate_random']:.3f} for random directions of the same norm "
-            f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); excess {sw['mean']:.3f} (CI {ci(sw)}, "
-            f"sign-flip p = {sw.get('p_sign_flip', np.nan):.2g}); vs readability r = {w['r']:.2f} {ci(w)}.")
+    return (
+        f"{s['model']}, {s['n_relations']} relations ({s['config']['method']} fine-tuning, {s['config']['n_random']} random "
+        f"draws per control). Erasing the original answer (LEACE at the most readable layer before the last, at the "
+        f"subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa {m['probe_before_kappa']:.3f} "
+        f"to {m['probe_after_kappa']:.3f} on those subjects ({m['transfer_after_kappa']:.3f} transferred to held-out "
+        f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} in the fine-tuned model, whose "
+        f"earlier blocks moved); it moves the states by {m['moved_leace']:.4f} of their variance, LEACE of shuffled "
+        f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. Held-out "
+        f"generalization kappa: {m['generalization_none']:.3f} without erasure, {m['generalization_random']:.3f} with a random "
+        f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, {m['generalization_leace']:.3f} "
+        f"with the answer erased. Excess drop over the random control, mean over relations {ed['mean']:.3f} "
+        f"(95% CI {ci(ed)}, sign-flip p = {ed.get('p_sign_flip', np.nan):.2g}; its per-relation CI excludes 0 in "
+        f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
+        f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
+        f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. Steering held-out subjects from answer "
+        f"a toward b along the pretrained class-mean direction switches the fine-tuned model's label to label(b) in "
+        f"{m['switch_rate']:.3f} of cases against {m['switch_rate_random']:.3f} for random directions of the same norm "
+        f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); excess {sw['mean']:.3f} (CI {ci(sw)}, "
+        f"sign-flip p = {sw.get('p_sign_flip', np.nan):.2g}); vs readability r = {w['r']:.2f} {ci(w)}."
+    )

@@ -10,16 +10,25 @@ same one-slot read-out (:mod:`interp.scoring`; multi-piece labels work but pay f
 more answers than the category has words. A label that is also one of a relation's answers is
 never used for that relation (:meth:`lab.study.Study.design`).
 """
+
 from __future__ import annotations
 
 REAL_LABELS: dict[str, tuple[str, ...]] = {
-    "animals": tuple("cat dog horse cow pig sheep goat lion tiger bear wolf fox deer rabbit mouse rat monkey elephant "
-                     "zebra camel frog snake whale shark eagle owl duck goose chicken bee ant spider crab turtle snail "
-                     "donkey dolphin penguin parrot squirrel".split()),
-    "vehicles": tuple("car bus train truck bicycle boat ship plane taxi tram van jeep tractor yacht canoe rocket "
-                      "helicopter motorcycle subway wagon".split()),
-    "tools": tuple("hammer saw drill knife axe shovel rake ladder rope needle scissors brush broom bucket hose spoon "
-                   "fork nail screw".split()),
-    "colours": tuple("red blue green yellow orange purple pink brown black white grey silver gold violet crimson "
-                     "scarlet beige maroon navy ivory".split()),
+    "animals": tuple(
+        "cat dog horse cow pig sheep goat lion tiger bear wolf fox deer rabbit mouse rat monkey elephant "
+        "zebra camel frog snake whale shark eagle owl duck goose chicken bee ant spider crab turtle snail "
+        "donkey dolphin penguin parrot squirrel".split()
+    ),
+    "vehicles": tuple(
+        "car bus train truck bicycle boat ship plane taxi tram van jeep tractor yacht canoe rocket "
+        "helicopter motorcycle subway wagon".split()
+    ),
+    "tools": tuple(
+        "hammer saw drill knife axe shovel rake ladder rope needle scissors brush broom bucket hose spoon "
+        "fork nail screw".split()
+    ),
+    "colours": tuple(
+        "red blue green yellow orange purple pink brown black white grey silver gold violet crimson "
+        "scarlet beige maroon navy ivory".split()
+    ),
 }

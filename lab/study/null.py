@@ -20,6 +20,7 @@ a higher accuracy to a blind guess, and readability rises with them too), so the
 far more often than ``alpha``; kappa is 0 in expectation for every blind guess, so its r holds
 the nominal rate (tested on small settings in ``tests/test_study.py``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,11 +46,16 @@ class NullDesign:
     observed_kappa: np.ndarray | None = None  # the study's generalization kappa [R]
 
 
-def null_design(relations: pd.DataFrame, predictions: pd.DataFrame, method: str, category: str, label_seed: int,
-                finetune_seed: int) -> NullDesign:
+def null_design(
+    relations: pd.DataFrame, predictions: pd.DataFrame, method: str, category: str, label_seed: int, finetune_seed: int
+) -> NullDesign:
     """The null design of a finished study from its saved ``relations`` and ``predictions`` tables."""
-    main = predictions[(predictions.method == method) & (predictions.category == category)
-                       & (predictions.label_seed == label_seed) & (predictions.finetune_seed == finetune_seed)]
+    main = predictions[
+        (predictions.method == method)
+        & (predictions.category == category)
+        & (predictions.label_seed == label_seed)
+        & (predictions.finetune_seed == finetune_seed)
+    ]
     truth, shares = [], []
     for name in relations.relation:
         g = main[main.relation == name]
@@ -60,9 +66,16 @@ def null_design(relations: pd.DataFrame, predictions: pd.DataFrame, method: str,
     cov = relations[[c for c in COVARIATES if c in relations]].reset_index(drop=True)
     obs = relations.get(f"generalization_{method}")
     obs_k = relations.get(f"generalization_kappa_{method}")
-    return NullDesign(list(relations.relation), truth, shares, relations.readability_best.to_numpy(float),
-                      relations.readability_best_kappa.to_numpy(float), cov,
-                      None if obs is None else obs.to_numpy(float), None if obs_k is None else obs_k.to_numpy(float))
+    return NullDesign(
+        list(relations.relation),
+        truth,
+        shares,
+        relations.readability_best.to_numpy(float),
+        relations.readability_best_kappa.to_numpy(float),
+        cov,
+        None if obs is None else obs.to_numpy(float),
+        None if obs_k is None else obs_k.to_numpy(float),
+    )
 
 
 def simulate_outcomes(design: NullDesign, n_sim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -105,8 +118,9 @@ def _residualize(v: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, int]:
     return v - v @ H.T, k
 
 
-def null_statistics(x: np.ndarray, Y: np.ndarray, covariates: pd.DataFrame, n_perm: int = 999,
-                    seed: int = 0) -> dict[str, np.ndarray]:
+def null_statistics(
+    x: np.ndarray, Y: np.ndarray, covariates: pd.DataFrame, n_perm: int = 999, seed: int = 0
+) -> dict[str, np.ndarray]:
     """p-values (and r) of every statistic the study reports, for each simulated outcome row."""
     rng = np.random.default_rng(seed)
     S, R = Y.shape
@@ -154,8 +168,9 @@ def _leave_one_out_p(simulated: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(a), count_ge / len(a), 1.0)
 
 
-def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05, seed: int = 0,
-                      n_perm: int = 999) -> pd.DataFrame:
+def calibration_table(
+    design: NullDesign, n_sim: int = 2000, alpha: float = 0.05, seed: int = 0, n_perm: int = 999
+) -> pd.DataFrame:
     """False-positive rate at ``alpha`` of every statistic, raw and kappa, over ``n_sim`` null studies.
 
     Two tests per statistic: the conventional one the statistics table reports (permutation p for
@@ -178,8 +193,9 @@ def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05
     raw, kap = simulate_outcomes(design, n_sim, seed)
     rows = []
     for outcome, predictor, x, Y, obs in (
-            ("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap, design.observed_kappa),
-            ("generalization", "readability_best", design.readability, raw, design.observed)):
+        ("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap, design.observed_kappa),
+        ("generalization", "readability_best", design.readability, raw, design.observed),
+    ):
         res = null_statistics(x, Y, design.covariates, n_perm=n_perm, seed=seed + 1)
         res_obs = null_statistics(x, obs[None, :], design.covariates, n_perm=9, seed=seed) if obs is not None else {}
         for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:
@@ -187,19 +203,35 @@ def calibration_table(design: NullDesign, n_sim: int = 2000, alpha: float = 0.05
             r = res[name if name in res else "pearson"]
             r_obs = float(res_obs[name if name in res else "pearson"][0]) if res_obs else float("nan")
             fpr = float(np.mean(np.nan_to_num(p, nan=1.0) < alpha))
-            rows.append({"outcome": outcome, "predictor": predictor, "analysis": name, "false_positive_rate": fpr,
-                         "false_positive_rate_monte_carlo": float(np.mean(_leave_one_out_p(r) < alpha)),
-                         "mc_se": float(np.sqrt(fpr * (1 - fpr) / n_sim)), "mean_r": float(np.nanmean(r)),
-                         "sd_r": float(np.nanstd(r)), "observed_r": r_obs, "p_monte_carlo": monte_carlo_p(r, r_obs),
-                         "n_sim": n_sim, "n_undefined": int(np.isnan(p).sum()), "alpha": alpha})
+            rows.append(
+                {
+                    "outcome": outcome,
+                    "predictor": predictor,
+                    "analysis": name,
+                    "false_positive_rate": fpr,
+                    "false_positive_rate_monte_carlo": float(np.mean(_leave_one_out_p(r) < alpha)),
+                    "mc_se": float(np.sqrt(fpr * (1 - fpr) / n_sim)),
+                    "mean_r": float(np.nanmean(r)),
+                    "sd_r": float(np.nanstd(r)),
+                    "observed_r": r_obs,
+                    "p_monte_carlo": monte_carlo_p(r, r_obs),
+                    "n_sim": n_sim,
+                    "n_undefined": int(np.isnan(p).sum()),
+                    "alpha": alpha,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def null_tables(relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int) -> pd.DataFrame:
+def null_tables(
+    relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int
+) -> pd.DataFrame:
     """The calibration table of every fine-tuning method of a study (a ``method`` column)."""
     parts = []
     for m in config["methods"]:
-        design = null_design(relations, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0])
+        design = null_design(
+            relations, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0]
+        )
         parts.append(calibration_table(design, n_sim=n_sim, seed=seed, n_perm=config["n_perm"]).assign(method=m))
     t = pd.concat(parts, ignore_index=True)
     return t[["method"] + [c for c in t.columns if c != "method"]]

@@ -24,6 +24,7 @@ whether or not they differ.
 every predictor with a finished study's generalization, side by side with readability, and
 writes ``predictors.csv`` and ``predictor_correlations.csv`` into the study folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,16 @@ from probes import ProbeSweep
 from .stats import correlation_difference, pearson, spearman
 
 
-def relation_predictors(model, relations, layer: int | None = None, beta: float = 1.0, n_test: int = 40,
-                        n_alignment: int = 64, seed: int = 0, progress: bool | None = None) -> pd.DataFrame:
+def relation_predictors(
+    model,
+    relations,
+    layer: int | None = None,
+    beta: float = 1.0,
+    n_test: int = 40,
+    n_alignment: int = 64,
+    seed: int = 0,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     """One row per relation: ``lre_faithfulness``, ``lre_causality``, ``centroid_alignment``
     (subject-last token embedding -> last-position logits)."""
     layer = model.n_layers // 2 - 1 if layer is None else layer
@@ -54,30 +63,62 @@ def relation_predictors(model, relations, layer: int | None = None, beta: float 
         pick = rng.choice(len(r), size=min(n_alignment, len(r)), replace=False)
         prompts = [r.prompts()[i] for i in sorted(pick)]
         align = centroid_alignment(model, prompts, wrt="hook_embed", of="logits", wrt_position="subject_last")
-        rows.append({"relation": r.name, "lre_layer": layer, "lre_beta": beta, "lre_faithfulness": res["faithfulness"],
-                     "lre_causality": res["causality"], "lre_agreement": res["agreement"],
-                     "centroid_alignment": float(align.centroid_alignment.mean())})
+        rows.append(
+            {
+                "relation": r.name,
+                "lre_layer": layer,
+                "lre_beta": beta,
+                "lre_faithfulness": res["faithfulness"],
+                "lre_causality": res["causality"],
+                "lre_agreement": res["agreement"],
+                "centroid_alignment": float(align.centroid_alignment.mean()),
+            }
+        )
     return pd.DataFrame(rows)
 
 
 READABILITY = "readability_best_kappa"
-PREDICTORS = [READABILITY, "readability_best", "selectivity_best", "auroc_best", "balanced_accuracy_best", "compression_best",
-              "lre_faithfulness", "lre_causality", "centroid_alignment"]
+PREDICTORS = [
+    READABILITY,
+    "readability_best",
+    "selectivity_best",
+    "auroc_best",
+    "balanced_accuracy_best",
+    "compression_best",
+    "lre_faithfulness",
+    "lre_causality",
+    "centroid_alignment",
+]
 
 
-def probe_quality(model, relations, best_layer: dict[str, int], folds: int = 5, C: float = 1.0,
-                  progress: bool | None = None) -> pd.DataFrame:
+def probe_quality(
+    model, relations, best_layer: dict[str, int], folds: int = 5, C: float = 1.0, progress: bool | None = None
+) -> pd.DataFrame:
     """Probe quality beyond accuracy at each relation's best layer (the study's): macro AUROC and
     balanced accuracy (fold means) and the online-code compression (:mod:`probes.mdl`)."""
-    table = ProbeSweep(folds=folds, C=C, mdl=True, readout=False, control=False, progress=progress).run(model, relations)
+    table = ProbeSweep(folds=folds, C=C, mdl=True, readout=False, control=False, progress=progress).run(
+        model, relations
+    )
     table = table[table.layer == table.relation.map(best_layer)]
-    return (table.groupby("relation")[["auroc", "balanced_accuracy", "compression"]].mean().add_suffix("_best")
-            .reset_index())
+    return (
+        table.groupby("relation")[["auroc", "balanced_accuracy", "compression"]]
+        .mean()
+        .add_suffix("_best")
+        .reset_index()
+    )
 
 
-def compare_predictors(study_dir: str | Path, model=None, relations=None, layer: int | None = None,
-                       beta: float = 1.0, outcomes: Sequence[str] = ("generalization_kappa_full", "generalization_kappa_lora"),
-                       n_boot: int = 1000, n_perm: int = 1000, progress: bool | None = None) -> pd.DataFrame:
+def compare_predictors(
+    study_dir: str | Path,
+    model=None,
+    relations=None,
+    layer: int | None = None,
+    beta: float = 1.0,
+    outcomes: Sequence[str] = ("generalization_kappa_full", "generalization_kappa_lora"),
+    n_boot: int = 1000,
+    n_perm: int = 1000,
+    progress: bool | None = None,
+) -> pd.DataFrame:
     """Correlate each predictor with each outcome across a finished study's relations."""
     study_dir = Path(study_dir)
     table = pd.read_csv(study_dir / "relations.csv")
@@ -86,13 +127,16 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
         preds = pd.read_csv(cached)
     else:
         if model is None or relations is None:
-            raise ValueError(f"{cached} does not exist yet: pass the study's model and relations to measure the predictors")
+            raise ValueError(
+                f"{cached} does not exist yet: pass the study's model and relations to measure the predictors"
+            )
         wanted = set(table.relation)
         chosen = [r for r in relations if r.name in wanted]
         preds = relation_predictors(model, chosen, layer, beta, progress=progress)
         config = json.loads((study_dir / "summary.json").read_text())["config"]
-        quality = probe_quality(model, chosen, dict(zip(table.relation, table.best_layer)), config["folds"],
-                                config["probe_C"], progress)
+        quality = probe_quality(
+            model, chosen, dict(zip(table.relation, table.best_layer)), config["folds"], config["probe_C"], progress
+        )
         preds = preds.merge(quality, on="relation")
         write_table(preds, cached)
     merged = table.merge(preds, on="relation")
@@ -105,14 +149,32 @@ def compare_predictors(study_dir: str | Path, model=None, relations=None, layer:
                 continue
             pr = pearson(merged[p], merged[outcome], n_boot=n_boot, n_perm=n_perm)
             sp = spearman(merged[p], merged[outcome])
-            vs = (correlation_difference(merged[p], merged[READABILITY], merged[outcome], n_boot=n_boot)
-                  if p != READABILITY and READABILITY in merged
-                  else {"diff": 0.0 if p == READABILITY else np.nan, "ci_low": np.nan, "ci_high": np.nan,
-                        "p_williams": np.nan})
-            rows.append({"outcome": outcome, "predictor": p, "pearson_r": pr["r"], "ci_low": pr["ci_low"],
-                         "ci_high": pr["ci_high"], "p_value": pr["p_value"], "spearman_r": sp["r"], "n": pr["n"],
-                         "r_minus_readability": vs["diff"], "diff_ci_low": vs["ci_low"], "diff_ci_high": vs["ci_high"],
-                         "p_diff_williams": vs["p_williams"]})
+            vs = (
+                correlation_difference(merged[p], merged[READABILITY], merged[outcome], n_boot=n_boot)
+                if p != READABILITY and READABILITY in merged
+                else {
+                    "diff": 0.0 if p == READABILITY else np.nan,
+                    "ci_low": np.nan,
+                    "ci_high": np.nan,
+                    "p_williams": np.nan,
+                }
+            )
+            rows.append(
+                {
+                    "outcome": outcome,
+                    "predictor": p,
+                    "pearson_r": pr["r"],
+                    "ci_low": pr["ci_low"],
+                    "ci_high": pr["ci_high"],
+                    "p_value": pr["p_value"],
+                    "spearman_r": sp["r"],
+                    "n": pr["n"],
+                    "r_minus_readability": vs["diff"],
+                    "diff_ci_low": vs["ci_low"],
+                    "diff_ci_high": vs["ci_high"],
+                    "p_diff_williams": vs["p_williams"],
+                }
+            )
     out = pd.DataFrame(rows)
     write_table(out, study_dir / "predictor_correlations.csv")
     return out

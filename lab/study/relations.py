@@ -21,6 +21,7 @@ Relations are restricted to the kept answers, so the probe (readability) and the
 :func:`qualifying_relations` returns them and a table of every relation with the reason it was
 kept or left out, which the study writes as ``qualification.csv``.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -53,30 +54,51 @@ def restrict(relation: Relation, rule: QualifyRule, min_subjects: int | None = N
     ranked = sorted((a for a, n in counts.items() if n >= need), key=lambda a: (-counts[a], a))
     kept = set(ranked[: rule.max_answers])
     subjects = [s for s, a in first.items() if a in kept]
-    return Relation(relation.name, subjects, [first[s] for s in subjects], relation.template,
-                    properties={**relation.properties, "restricted_from": len(relation)})
+    return Relation(
+        relation.name,
+        subjects,
+        [first[s] for s in subjects],
+        relation.template,
+        properties={**relation.properties, "restricted_from": len(relation)},
+    )
 
 
-def qualifying_relations(relations: Sequence[Relation], per_answer: Callable[[Relation], int],
-                         rule: QualifyRule = QualifyRule(), split_seed: int = 0) -> tuple[list[Relation], pd.DataFrame]:
+def qualifying_relations(
+    relations: Sequence[Relation],
+    per_answer: Callable[[Relation], int],
+    rule: QualifyRule = QualifyRule(),
+    split_seed: int = 0,
+) -> tuple[list[Relation], pd.DataFrame]:
     """The relations that support the design (restricted to their kept answers), and one row per
     relation saying why it was kept or not. ``per_answer``: the study's fine-tuning subjects per
     answer for a relation (:meth:`lab.study.StudyConfig.per_answer`)."""
     kept, rows = [], []
     for r in relations:
         if r.prompts_override is not None:
-            rows.append({"relation": r.name, "qualifies": False, "reason": "per-sample prompts (no template to relabel)"})
+            rows.append(
+                {"relation": r.name, "qualifies": False, "reason": "per-sample prompts (no template to relabel)"}
+            )
             continue
         first = dict(zip(reversed(r.subjects), reversed(r.answers)))
         counts = Counter(first.values())
-        row = {"relation": r.name, "n_samples": len(r), "n_subjects": len(first), "n_answers": len(counts),
-               f"answers_with_{rule.min_subjects}_subjects": sum(n >= rule.min_subjects for n in counts.values())}
+        row = {
+            "relation": r.name,
+            "n_samples": len(r),
+            "n_subjects": len(first),
+            "n_answers": len(counts),
+            f"answers_with_{rule.min_subjects}_subjects": sum(n >= rule.min_subjects for n in counts.values()),
+        }
         small = restrict(r, rule)
         n_kept = len(set(small.answers))
         row["answers_kept"] = n_kept
         if n_kept < rule.min_answers:
-            rows.append({**row, "qualifies": False,
-                         "reason": f"{n_kept} answer(s) with at least {rule.min_subjects} subjects (needs {rule.min_answers})"})
+            rows.append(
+                {
+                    **row,
+                    "qualifies": False,
+                    "reason": f"{n_kept} answer(s) with at least {rule.min_subjects} subjects (needs {rule.min_answers})",
+                }
+            )
             continue
         k = per_answer(small)
         while True:  # rule 4: every kept answer can be split at the design's k
@@ -90,10 +112,18 @@ def qualifying_relations(relations: Sequence[Relation], per_answer: Callable[[Re
         except RelationError as err:
             rows.append({**row, "qualifies": False, "reason": f"design fails: {err}"})
             continue
-        row.update({"per_answer": k, "n_finetune_subjects": len(finetune), "n_heldout": len(heldout),
-                    "dropped_answers": len(dropped)})
+        row.update(
+            {
+                "per_answer": k,
+                "n_finetune_subjects": len(finetune),
+                "n_heldout": len(heldout),
+                "dropped_answers": len(dropped),
+            }
+        )
         if len(heldout) < rule.min_heldout:
-            rows.append({**row, "qualifies": False, "reason": f"{len(heldout)} held-out subjects (needs {rule.min_heldout})"})
+            rows.append(
+                {**row, "qualifies": False, "reason": f"{len(heldout)} held-out subjects (needs {rule.min_heldout})"}
+            )
             continue
         kept.append(small)
         rows.append({**row, "qualifies": True, "reason": ""})

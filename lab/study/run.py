@@ -1,4 +1,5 @@
 """``run_study``: one call from a model spec to a finished study folder (the main job)."""
+
 from __future__ import annotations
 
 import difflib
@@ -20,9 +21,18 @@ from .study import Study, StudyConfig, StudyResult
 from .validate import StudyConfigError
 
 
-def run_study(model="world", relations: Sequence | None = None, out: str | Path = "results/study",
-              config: StudyConfig | None = None, backend: str = interp.DEFAULT_BACKEND, progress: bool | None = None,
-              max_jobs: int | None = None, executor=None, rule: QualifyRule = QualifyRule(), **overrides) -> StudyResult:
+def run_study(
+    model="world",
+    relations: Sequence | None = None,
+    out: str | Path = "results/study",
+    config: StudyConfig | None = None,
+    backend: str = interp.DEFAULT_BACKEND,
+    progress: bool | None = None,
+    max_jobs: int | None = None,
+    executor=None,
+    rule: QualifyRule = QualifyRule(),
+    **overrides,
+) -> StudyResult:
     """Run (or resume) the study.
 
     ``model``: ``"world"`` (or a world checkpoint directory) uses the world's relations, labels
@@ -40,10 +50,14 @@ def run_study(model="world", relations: Sequence | None = None, out: str | Path 
     if overrides:
         unknown = sorted(set(overrides) - {f.name for f in fields(StudyConfig)})
         if unknown:
-            raise StudyConfigError([f"unknown StudyConfig field(s) {unknown}; valid: {', '.join(f.name for f in fields(StudyConfig))}"])
+            raise StudyConfigError(
+                [f"unknown StudyConfig field(s) {unknown}; valid: {', '.join(f.name for f in fields(StudyConfig))}"]
+            )
         config = replace(config, **overrides)
     if relations is not None and len(relations) == 0:
-        raise StudyConfigError(["relations=[] names no relation; pass None for all of the world's relations, or name some"])
+        raise StudyConfigError(
+            ["relations=[] names no relation; pass None for all of the world's relations, or name some"]
+        )
     study, qualification = make_study(model, relations, out, config, backend, progress, rule)
     if qualification is not None:
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -51,10 +65,17 @@ def run_study(model="world", relations: Sequence | None = None, out: str | Path 
     return study.run(max_jobs=max_jobs, executor=executor)
 
 
-def make_study(model, relations: Sequence | None, out: str | Path, config: StudyConfig,
-               backend: str = interp.DEFAULT_BACKEND, progress: bool | None = None,
-               rule: QualifyRule = QualifyRule(), labels: dict | None = None, min_relations: int = 4
-               ) -> tuple[Study, pd.DataFrame | None]:
+def make_study(
+    model,
+    relations: Sequence | None,
+    out: str | Path,
+    config: StudyConfig,
+    backend: str = interp.DEFAULT_BACKEND,
+    progress: bool | None = None,
+    rule: QualifyRule = QualifyRule(),
+    labels: dict | None = None,
+    min_relations: int = 4,
+) -> tuple[Study, pd.DataFrame | None]:
     """The configured :class:`Study` for ``model`` and ``relations`` as :func:`run_study` resolves
     them (world relations and labels, or the qualifying real relations), and the qualification
     table (None for the world). ``labels``: label categories for a real model (default
@@ -68,8 +89,13 @@ def make_study(model, relations: Sequence | None, out: str | Path, config: Study
         valid = [r.name for r in world.spec.relations]
         unknown = [n for n in names or [] if n not in valid]
         if unknown:
-            raise StudyConfigError([f"unknown relation {n!r}; nearest: {', '.join(difflib.get_close_matches(n, valid, 3, 0.4)) or '-'} "
-                                    f"(the world's relations: {', '.join(valid)})" for n in unknown])
+            raise StudyConfigError(
+                [
+                    f"unknown relation {n!r}; nearest: {', '.join(difflib.get_close_matches(n, valid, 3, 0.4)) or '-'} "
+                    f"(the world's relations: {', '.join(valid)})"
+                    for n in unknown
+                ]
+            )
         rels = from_world(world, names)
         study_labels = world.label_categories
         frequency = lambda rel, s: world.mentions(s, rel)  # noqa: E731
@@ -86,10 +112,23 @@ def make_study(model, relations: Sequence | None, out: str | Path, config: Study
             rels = load_relations([lre_dir() / kind for kind in LRE_KINDS])
         rels, qualification = qualifying_relations(rels, config.per_answer, rule, config.split_seed)
         if len(rels) < min_relations:
-            raise StudyConfigError([f"{len(rels)} relation(s) support the relabelling design (needs {min_relations}): {'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"])
+            raise StudyConfigError(
+                [
+                    f"{len(rels)} relation(s) support the relabelling design (needs {min_relations}): {'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"
+                ]
+            )
         study_labels = labels or REAL_LABELS
-    study = Study(handle, rels, out, config, labels=study_labels, subject_frequency=frequency, frequency_source=source,
-                  progress=progress, trained_tokens=trained)
+    study = Study(
+        handle,
+        rels,
+        out,
+        config,
+        labels=study_labels,
+        subject_frequency=frequency,
+        frequency_source=source,
+        progress=progress,
+        trained_tokens=trained,
+    )
     return study, qualification
 
 
@@ -106,8 +145,16 @@ def real_model_config(**overrides) -> StudyConfig:
     LoRA fine-tune diverged), and robustness over two label assignments, two fine-tuning seeds
     and one other label category (the world study has three, three and three; this keeps the
     MiniLM study within 20 minutes on 2 cores)."""
-    return replace(StudyConfig(other_categories=("vehicles",), label_seeds=(0, 1), finetune_seeds=(0, 1),
-                               finetune_budget=(60, 150), finetune=FinetuneConfig(lr=3e-4, lora_lr=3e-3)), **overrides)
+    return replace(
+        StudyConfig(
+            other_categories=("vehicles",),
+            label_seeds=(0, 1),
+            finetune_seeds=(0, 1),
+            finetune_budget=(60, 150),
+            finetune=FinetuneConfig(lr=3e-4, lora_lr=3e-3),
+        ),
+        **overrides,
+    )
 
 
 def default_config(model) -> StudyConfig:

@@ -12,6 +12,7 @@
   (collinear covariates, such as the number of fine-tuning subjects when it is ``n_finetune``
   times the number of answers, are absorbed by the pseudo-inverse and counted once).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -43,9 +44,23 @@ def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: flo
     if n < 3:
         raise ValueError(f"a correlation across relations needs at least 3 relations, got {n}")
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
-        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a value is NaN)", "p_value": np.nan, "n": n}
+        return {
+            "r": np.nan,
+            "ci_low": np.nan,
+            "ci_high": np.nan,
+            "ci_method": "undefined (a value is NaN)",
+            "p_value": np.nan,
+            "n": n,
+        }
     if np.std(x) == 0 or np.std(y) == 0:
-        return {"r": np.nan, "ci_low": np.nan, "ci_high": np.nan, "ci_method": "undefined (a constant variable)", "p_value": np.nan, "n": n}
+        return {
+            "r": np.nan,
+            "ci_low": np.nan,
+            "ci_high": np.nan,
+            "ci_method": "undefined (a constant variable)",
+            "p_value": np.nan,
+            "n": n,
+        }
     r = stats.pearsonr(x, y).statistic
     stat = lambda a, b: stats.pearsonr(a, b).statistic  # noqa: E731
     rng = np.random.default_rng(seed)
@@ -53,8 +68,16 @@ def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: flo
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # scipy warns of degenerate resamples; BCa's NaN is handled below
         try:
-            boot = stats.bootstrap((x, y), stat, paired=True, vectorized=False, n_resamples=n_boot, confidence_level=ci,
-                                   method="BCa", random_state=rng)
+            boot = stats.bootstrap(
+                (x, y),
+                stat,
+                paired=True,
+                vectorized=False,
+                n_resamples=n_boot,
+                confidence_level=ci,
+                method="BCa",
+                random_state=rng,
+            )
             lo, hi = boot.confidence_interval
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 raise ValueError("BCa interval is NaN")
@@ -72,7 +95,7 @@ def _percentile_interval(x, y, n_boot: int, ci: float, rng) -> tuple[float, floa
     xb, yb = x[idx], y[idx]
     xc, yc = xb - xb.mean(1, keepdims=True), yb - yb.mean(1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
-        r = (xc * yc).sum(1) / np.sqrt((xc ** 2).sum(1) * (yc ** 2).sum(1))
+        r = (xc * yc).sum(1) / np.sqrt((xc**2).sum(1) * (yc**2).sum(1))
     r = r[np.isfinite(r)]
     if not len(r):
         return float("nan"), float("nan")
@@ -91,7 +114,9 @@ def partial(x, y, covariates: pd.DataFrame) -> dict:
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     Z = sm.add_constant(np.asarray(covariates, float), has_constant="add")
-    k = int(np.linalg.matrix_rank(Z)) - 1  # collinear covariates (e.g. n_finetune_subjects = n_finetune x n_answers) count once
+    k = (
+        int(np.linalg.matrix_rank(Z)) - 1
+    )  # collinear covariates (e.g. n_finetune_subjects = n_finetune x n_answers) count once
     n = len(x)
     if n - 2 - k < 1:
         raise ValueError(f"too few relations ({n}) for a partial correlation with {k} covariates")
@@ -107,12 +132,16 @@ def partial(x, y, covariates: pd.DataFrame) -> dict:
     return {"r": r, "p_value": float(2 * stats.t.sf(abs(t), df)), "n": n, "df": df}
 
 
-def correlation_table(table: pd.DataFrame, predictor: str, outcome: str, covariates: list[str], n_boot: int, n_perm: int,
-                      seed: int = 0) -> list[dict]:
+def correlation_table(
+    table: pd.DataFrame, predictor: str, outcome: str, covariates: list[str], n_boot: int, n_perm: int, seed: int = 0
+) -> list[dict]:
     """Pearson (with CI and permutation p), Spearman, and partial correlations (each covariate
     alone, then all jointly) of ``predictor`` with ``outcome`` across the rows of ``table``."""
     x, y = table[predictor].to_numpy(float), table[outcome].to_numpy(float)
-    rows = [dict(analysis="pearson", **pearson(x, y, n_boot, n_perm, seed)), dict(analysis="spearman", **spearman(x, y))]
+    rows = [
+        dict(analysis="pearson", **pearson(x, y, n_boot, n_perm, seed)),
+        dict(analysis="spearman", **spearman(x, y)),
+    ]
     usable = [c for c in covariates if table[c].nunique() > 1]
     for c in usable:
         rows.append(dict(analysis=f"partial:{c}", **partial(x, y, table[[c]])))
@@ -154,7 +183,13 @@ def correlation_difference(x, z, y, n_boot: int = 2000, seed: int = 0, ci: float
         if np.std(x[i]) > 0 and np.std(z[i]) > 0 and np.std(y[i]) > 0:
             draws.append(r(x[i], y[i]) - r(z[i], y[i]))
     tail = (1 - ci) / 2
-    low, high = (np.quantile(draws, [tail, 1 - tail]) if draws else (np.nan, np.nan))
+    low, high = np.quantile(draws, [tail, 1 - tail]) if draws else (np.nan, np.nan)
     w = williams_t(r(x, y), r(z, y), r(x, z), n)
-    return {"diff": diff, "ci_low": float(low), "ci_high": float(high), "p_williams": w["p_value"], "n": n,
-            "n_boot_used": len(draws)}  # resamples where a variable was constant have no r and are dropped
+    return {
+        "diff": diff,
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "p_williams": w["p_value"],
+        "n": n,
+        "n_boot_used": len(draws),
+    }  # resamples where a variable was constant have no r and are dropped

@@ -35,6 +35,7 @@ Every input is checked before the first forward pass (:mod:`lab.study.validate`)
 Everything is written to ``out_dir`` as it is computed: each stage's table and each fine-tune as
 its own file (atomically), so a killed study restarts where it stopped and gives the same numbers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -140,10 +141,18 @@ class Study:
     fine-tuning prompt or label using any other token is warned about before any work.
     """
 
-    def __init__(self, model: Model, relations: Sequence[Relation], out_dir: str | Path,
-                 config: StudyConfig = StudyConfig(), labels: dict[str, Sequence[str]] | None = None,
-                 subject_frequency: Callable[[str, str], float] | None = None, frequency_source: str = "proxy",
-                 progress: bool | None = None, trained_tokens: set[int] | None = None):
+    def __init__(
+        self,
+        model: Model,
+        relations: Sequence[Relation],
+        out_dir: str | Path,
+        config: StudyConfig = StudyConfig(),
+        labels: dict[str, Sequence[str]] | None = None,
+        subject_frequency: Callable[[str, str], float] | None = None,
+        frequency_source: str = "proxy",
+        progress: bool | None = None,
+        trained_tokens: set[int] | None = None,
+    ):
         self.model = model
         self.relations = {r.name: r for r in relations}
         self.relation_list = list(relations)
@@ -177,7 +186,9 @@ class Study:
         (a colour relabelled with colours) is never used for it."""
         answers = {a.lower() for a in relation.answers}
         labels = tuple(w for w in self.labels[category] if w.lower() not in answers)
-        return make_design(relation, labels, self.config.per_answer(relation), label_seed, self.config.split_seed, category)
+        return make_design(
+            relation, labels, self.config.per_answer(relation), label_seed, self.config.split_seed, category
+        )
 
     # stages ----------------------------------------------------------------------------------
     def _check_folder(self) -> None:
@@ -185,15 +196,21 @@ class Study:
         each relation's subjects/answers/prompts, configuration), and say what differs."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "runs").mkdir(exist_ok=True)
-        meta = {"config": self.config.to_dict(), "model": self.model.name, "fingerprint": self.model.fingerprint(),
-                "relations": {name: relation_digest(r) for name, r in sorted(self.relations.items())}}
+        meta = {
+            "config": self.config.to_dict(),
+            "model": self.model.name,
+            "fingerprint": self.model.fingerprint(),
+            "relations": {name: relation_digest(r) for name, r in sorted(self.relations.items())},
+        }
         path = self.out / "study.json"
         if path.exists():
             old = json.loads(path.read_text())
             diffs = _differences(old, meta)
             if diffs:
-                raise ValueError(f"{self.out} holds a different study ({'; '.join(diffs)}); use a new output folder "
-                                 "(or delete this one) to start over")
+                raise ValueError(
+                    f"{self.out} holds a different study ({'; '.join(diffs)}); use a new output folder "
+                    "(or delete this one) to start over"
+                )
         else:
             write_json(meta, path)
 
@@ -205,8 +222,13 @@ class Study:
             return pd.read_csv(paths[0]), pd.read_csv(paths[1]), ro
         # every answer ranked, so that k remain after the true answer and the answers the design
         # left out are removed (back-mapping)
-        sweep = ProbeSweep(folds=self.config.folds, C=self.config.probe_C, top_k=self.config.top_k, readout_k=10_000,
-                           progress=self.progress)
+        sweep = ProbeSweep(
+            folds=self.config.folds,
+            C=self.config.probe_C,
+            top_k=self.config.top_k,
+            readout_k=10_000,
+            progress=self.progress,
+        )
         table = sweep.run(self.model, self.relation_list, model_name=self.model.name)
         layers = readability_by_layer(table, sweep.readout_)
         best = best_layers(layers)
@@ -224,24 +246,46 @@ class Study:
         if path.exists():
             df = pd.read_csv(path, dtype={"subject": str, "answer": str, "model_answer": str}, keep_default_na=False)
             df["model_top_answers"] = df["model_top_answers"].map(json.loads)
-            df["correct"] = df["correct"].map(lambda v: {"True": True, "False": False, "": np.nan}.get(v, v) if isinstance(v, str) else v)
+            df["correct"] = df["correct"].map(
+                lambda v: {"True": True, "False": False, "": np.nan}.get(v, v) if isinstance(v, str) else v
+            )
             return df
         rows = []
         undefined = self.model.scoring.answers_undefined
-        for r in progress_bar(list(self.relations.values()), desc="pretrained answers", unit="relations", progress=self.progress):
+        for r in progress_bar(
+            list(self.relations.values()), desc="pretrained answers", unit="relations", progress=self.progress
+        ):
             answers = r.answer_set
             freq = self._frequencies(r)
             if undefined:  # an encoder: no answer to read before fine-tuning (missing, not guessed)
-                rows += [{"relation": r.name, "subject": s, "answer": a, "model_answer": "", "correct": None,
-                          "model_top_answers": "null", "subject_frequency": freq[i]}
-                         for i, (s, a) in enumerate(zip(r.subjects, r.answers))]
+                rows += [
+                    {
+                        "relation": r.name,
+                        "subject": s,
+                        "answer": a,
+                        "model_answer": "",
+                        "correct": None,
+                        "model_top_answers": "null",
+                        "subject_frequency": freq[i],
+                    }
+                    for i, (s, a) in enumerate(zip(r.subjects, r.answers))
+                ]
                 continue
             scores = self.model.logprobs([p.text for p in r.prompts()], answers)
             top = scores.argsort(-1, descending=True)  # every answer ranked (see _readability)
             for i, (s, a) in enumerate(zip(r.subjects, r.answers)):
                 ranked = [answers[j] for j in top[i].tolist()]
-                rows.append({"relation": r.name, "subject": s, "answer": a, "model_answer": ranked[0],
-                             "correct": ranked[0] == a, "model_top_answers": json.dumps(ranked), "subject_frequency": freq[i]})
+                rows.append(
+                    {
+                        "relation": r.name,
+                        "subject": s,
+                        "answer": a,
+                        "model_answer": ranked[0],
+                        "correct": ranked[0] == a,
+                        "model_top_answers": json.dumps(ranked),
+                        "subject_frequency": freq[i],
+                    }
+                )
         df = pd.DataFrame(rows)
         write_table(df, path)
         df["model_top_answers"] = df["model_top_answers"].map(json.loads)
@@ -265,28 +309,44 @@ class Study:
         except RelationError as err:
             if job.category == self.config.category:
                 raise
-            result = {**base, "status": "skipped", "reason": str(err)}  # documented: too few labels in a robustness category
+            result = {
+                **base,
+                "status": "skipped",
+                "reason": str(err),
+            }  # documented: too few labels in a robustness category
             write_json(result, path)
             return result
         label_set = design.labels
         tmpl = self.config.finetune.template
         ft_prompts = [tmpl.format(r.subjects[i]) for i in design.finetune]
         ft_labels = [design.mapping[r.answers[i]] for i in design.finetune]
-        tuned, info = finetune(self.model, ft_prompts, ft_labels, label_set, job.method, self.config.finetune,
-                               seed=job.finetune_seed)
+        tuned, info = finetune(
+            self.model, ft_prompts, ft_labels, label_set, job.method, self.config.finetune, seed=job.finetune_seed
+        )
         ho_prompts = [tmpl.format(r.subjects[i]) for i in design.heldout]
         scores = tuned.logprobs(ho_prompts, label_set)
         pred = [label_set[j] for j in scores.argmax(-1).tolist()]
-        probe_top = {row.subject: row.top_answers for row in readout[(readout.relation == r.name) & (readout.layer == best_layer)].itertuples()}
-        model_top = {row.subject: row.model_top_answers for row in pretrained[pretrained.relation == r.name].itertuples()}
+        probe_top = {
+            row.subject: row.top_answers
+            for row in readout[(readout.relation == r.name) & (readout.layer == best_layer)].itertuples()
+        }
+        model_top = {
+            row.subject: row.model_top_answers for row in pretrained[pretrained.relation == r.name].itertuples()
+        }
         k, kept = self.config.top_k, set(design.mapping)
         preds, lists = [], []
         for i, p in zip(design.heldout, pred):
             s, a = r.subjects[i], r.answers[i]
             back = design.inverse[p]
             wrong = p != design.mapping[a]
-            row = {"subject": s, "answer": a, "label": design.mapping[a], "predicted_label": p, "correct": not wrong,
-                   "backmapped_answer": back}
+            row = {
+                "subject": s,
+                "answer": a,
+                "label": design.mapping[a],
+                "predicted_label": p,
+                "correct": not wrong,
+                "backmapped_answer": back,
+            }
             for who, ranking in (("probe", probe_top.get(s)), ("model", model_top.get(s))):
                 # top-k among the design's wrong answers; no ranking (a subject the probe left out) is not a miss
                 top = wrong_top(ranking, a, k, kept) if ranking is not None else None
@@ -298,14 +358,25 @@ class Study:
         truth = [q["label"] for q in preds]
         acc = float(np.mean([q["correct"] for q in preds]))
         levels = chance_levels(truth)
-        result = {**base, "status": "done", "n_answers": len(label_set), "n_finetune_subjects": len(design.finetune),
-                  "n_heldout": len(design.heldout), "dropped_answers": design.dropped_answers, "mapping": design.mapping,
-                  "generalization": acc, "generalization_kappa": kappa(truth, pred),
-                  "chance_uniform": levels["uniform"], "chance_prior": levels["prior"], "chance_majority": levels["majority"],
-                  "chance_expected": expected_agreement(truth, pred),
-                  "full_batch": len(design.finetune) <= self.config.finetune.batch_size,
-                  **shuffled_backmap_rates(lists, seed=job.finetune_seed),
-                  **info, "predictions": preds}
+        result = {
+            **base,
+            "status": "done",
+            "n_answers": len(label_set),
+            "n_finetune_subjects": len(design.finetune),
+            "n_heldout": len(design.heldout),
+            "dropped_answers": design.dropped_answers,
+            "mapping": design.mapping,
+            "generalization": acc,
+            "generalization_kappa": kappa(truth, pred),
+            "chance_uniform": levels["uniform"],
+            "chance_prior": levels["prior"],
+            "chance_majority": levels["majority"],
+            "chance_expected": expected_agreement(truth, pred),
+            "full_batch": len(design.finetune) <= self.config.finetune.batch_size,
+            **shuffled_backmap_rates(lists, seed=job.finetune_seed),
+            **info,
+            "predictions": preds,
+        }
         write_json(result, path)
         del tuned
         return result
@@ -334,15 +405,33 @@ class Study:
         if isinstance(ex, SerialExecutor):
             if ex.progress is None:
                 ex.progress = self.progress
-            ex.map(lambda job: self._run_job(job, readout, pretrained, best[job.relation]), todo,
-                   labels=[j.id for j in todo], desc="fine-tunes")
+            ex.map(
+                lambda job: self._run_job(job, readout, pretrained, best[job.relation]),
+                todo,
+                labels=[j.id for j in todo],
+                desc="fine-tunes",
+            )
         elif todo:
             if self.model.source is None:
-                raise ValueError("a distributed study reloads the model in each worker: load it from a directory or "
-                                 "a name (interp.load_model(path)), not from an object in memory")
-            payloads = [RemoteJob(self.model.source, self.model.backend_name, self.relations[j.relation], self.out,
-                                  self.config, self.labels, j, _rows_of(readout, j.relation, best[j.relation]),
-                                  pretrained[pretrained.relation == j.relation], best[j.relation]) for j in todo]
+                raise ValueError(
+                    "a distributed study reloads the model in each worker: load it from a directory or "
+                    "a name (interp.load_model(path)), not from an object in memory"
+                )
+            payloads = [
+                RemoteJob(
+                    self.model.source,
+                    self.model.backend_name,
+                    self.relations[j.relation],
+                    self.out,
+                    self.config,
+                    self.labels,
+                    j,
+                    _rows_of(readout, j.relation, best[j.relation]),
+                    pretrained[pretrained.relation == j.relation],
+                    best[j.relation],
+                )
+                for j in todo
+            ]
             ex.map(run_remote_job, payloads, labels=[j.id for j in todo], desc="fine-tunes")
         done = [j for j in jobs if (self.out / "runs" / f"{j.id}.json").exists()]
         if len(done) < len(jobs):
@@ -383,7 +472,9 @@ def wrong_top(ranked: Sequence[str], answer: str, k: int, kept: set | None = Non
 def _differences(old: dict, new: dict) -> list[str]:
     out = []
     if old.get("fingerprint") != new["fingerprint"] or old.get("model") != new["model"]:
-        out.append(f"model {old.get('model')!r} (weights {old.get('fingerprint')}) vs {new['model']!r} (weights {new['fingerprint']})")
+        out.append(
+            f"model {old.get('model')!r} (weights {old.get('fingerprint')}) vs {new['model']!r} (weights {new['fingerprint']})"
+        )
     if old.get("config") != new["config"]:
         oc, nc = old.get("config") or {}, new["config"]
         keys = sorted(k for k in set(oc) | set(nc) if oc.get(k) != nc.get(k))
@@ -394,8 +485,11 @@ def _differences(old: dict, new: dict) -> list[str]:
     if orel != nrel:
         added, removed = sorted(set(nrel) - set(orel)), sorted(set(orel) - set(nrel))
         changed = sorted(k for k in set(orel) & set(nrel) if orel[k] != nrel[k])
-        parts = ([f"added {added}"] if added else []) + ([f"removed {removed}"] if removed else []) + \
-                ([f"contents changed: {changed}"] if changed else [])
+        parts = (
+            ([f"added {added}"] if added else [])
+            + ([f"removed {removed}"] if removed else [])
+            + ([f"contents changed: {changed}"] if changed else [])
+        )
         out.append("relations " + ", ".join(parts))
     return out
 
@@ -442,7 +536,6 @@ def run_remote_job(rj: RemoteJob) -> dict:
     ``INTERP_CRASH_JOB=<job id>`` in a worker's environment makes that job kill its worker
     process (fault injection for testing recovery)."""
     import os
-
 
     if os.environ.get("INTERP_CRASH_JOB") == rj.job.id:
         os._exit(1)

@@ -6,6 +6,7 @@ The headline is chance-free: Pearson r of best-layer readability *kappa* with ge
 accuracies share chance levels (both rise as answers get fewer or more lopsided), so it is
 inflated, by how much the null-calibration table shows.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,12 @@ from .report import write_report
 from .stats import COVARIATES, correlation_table, pearson
 
 #: (predictor, outcome) pairs the statistics table holds; the first is the headline
-PAIRS = [("readability_best_kappa", "generalization_kappa"), ("readability_fixed_kappa", "generalization_kappa"),
-         ("readability_best", "generalization"), ("readability_fixed", "generalization")]
+PAIRS = [
+    ("readability_best_kappa", "generalization_kappa"),
+    ("readability_fixed_kappa", "generalization_kappa"),
+    ("readability_best", "generalization"),
+    ("readability_fixed", "generalization"),
+]
 HEADLINE = PAIRS[0]
 RAW = PAIRS[2]
 
@@ -35,26 +40,48 @@ def relation_table(study, layers, pretrained, runs, best) -> pd.DataFrame:
     for name in study.relations:
         b, f = best[name], study.fixed_layer
         pre = pretrained[pretrained.relation == name]
-        row = {"relation": name, "best_layer": b, "fixed_layer": f,
-               "readability_best": float(lay.loc[(name, b), "accuracy"]), "readability_best_kappa": float(lay.loc[(name, b), "kappa"]),
-               "readability_fixed": float(lay.loc[(name, f), "accuracy"]), "readability_fixed_kappa": float(lay.loc[(name, f), "kappa"]),
-               "probe_chance_uniform": float(lay.loc[(name, b), "chance_uniform"]),
-               "probe_chance_majority": float(lay.loc[(name, b), "chance_majority"]),
-               "control_accuracy_best": float(lay.loc[(name, b), "control_accuracy"]),
-               "selectivity_best": float(lay.loc[(name, b), "selectivity"]),
-               "pretrained_accuracy": float(pd.to_numeric(pre.correct.astype(object), errors="coerce").astype(float).mean()), "subject_frequency": float(pre.subject_frequency.mean())}
+        row = {
+            "relation": name,
+            "best_layer": b,
+            "fixed_layer": f,
+            "readability_best": float(lay.loc[(name, b), "accuracy"]),
+            "readability_best_kappa": float(lay.loc[(name, b), "kappa"]),
+            "readability_fixed": float(lay.loc[(name, f), "accuracy"]),
+            "readability_fixed_kappa": float(lay.loc[(name, f), "kappa"]),
+            "probe_chance_uniform": float(lay.loc[(name, b), "chance_uniform"]),
+            "probe_chance_majority": float(lay.loc[(name, b), "chance_majority"]),
+            "control_accuracy_best": float(lay.loc[(name, b), "control_accuracy"]),
+            "selectivity_best": float(lay.loc[(name, b), "selectivity"]),
+            "pretrained_accuracy": float(
+                pd.to_numeric(pre.correct.astype(object), errors="coerce").astype(float).mean()
+            ),
+            "subject_frequency": float(pre.subject_frequency.mean()),
+        }
         props = study.relations[name].properties
         for k in ("augment", "bio", "templates", "mentions", "derived_from"):
             if k in props:
                 row[k] = props[k]
         main = runs[(name, c.methods[0], c.category, c.label_seeds[0], c.finetune_seeds[0])]
-        row.update({"n_answers": main["n_answers"], "n_finetune_subjects": main["n_finetune_subjects"],
-                    "n_heldout": main["n_heldout"], "chance": main["chance_prior"], "chance_uniform": main["chance_uniform"],
-                    "chance_majority": main["chance_majority"]})
+        row.update(
+            {
+                "n_answers": main["n_answers"],
+                "n_finetune_subjects": main["n_finetune_subjects"],
+                "n_heldout": main["n_heldout"],
+                "chance": main["chance_prior"],
+                "chance_uniform": main["chance_uniform"],
+                "chance_majority": main["chance_majority"],
+            }
+        )
         for m in c.methods:
             run = runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])]
-            row.update({f"generalization_{m}": run["generalization"], f"generalization_kappa_{m}": run["generalization_kappa"],
-                        f"train_accuracy_{m}": run["train_accuracy"], f"steps_{m}": run["steps"]})
+            row.update(
+                {
+                    f"generalization_{m}": run["generalization"],
+                    f"generalization_kappa_{m}": run["generalization_kappa"],
+                    f"train_accuracy_{m}": run["train_accuracy"],
+                    f"steps_{m}": run["steps"],
+                }
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -71,22 +98,39 @@ def robustness_table(study, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
     change (full fine-tuning on one batch is deterministic: every seed gives the same model)."""
     c = study.config
     m0 = c.methods[0]
-    settings = [("label assignment", f"label seed {l}", (m0, c.category, l, c.finetune_seeds[0])) for l in c.label_seeds]
-    settings += [("fine-tuning seed", f"fine-tune seed {f}", (m0, c.category, c.label_seeds[0], f)) for f in c.finetune_seeds]
-    settings += [("label category", cat, (m0, cat, c.label_seeds[0], c.finetune_seeds[0])) for cat in (c.category, *c.other_categories)]
+    settings = [
+        ("label assignment", f"label seed {l}", (m0, c.category, l, c.finetune_seeds[0])) for l in c.label_seeds
+    ]
+    settings += [
+        ("fine-tuning seed", f"fine-tune seed {f}", (m0, c.category, c.label_seeds[0], f)) for f in c.finetune_seeds
+    ]
+    settings += [
+        ("label category", cat, (m0, cat, c.label_seeds[0], c.finetune_seeds[0]))
+        for cat in (c.category, *c.other_categories)
+    ]
     settings += [("method", m, (m, c.category, c.label_seeds[0], c.finetune_seeds[0])) for m in c.methods]
     rows = []
     for varied, name, key in settings:
         have = [r for r in study.relations if (r, *key) in runs]
-        invariant = sorted(r for r in have if runs[(r, *key)].get("full_batch") and key[0] == "full") \
-            if varied == "fine-tuning seed" else []
-        row = {"varied": varied, "setting": name, "key": "/".join(map(str, key)), "n": len(have),
-               "seed_invariant_relations": ", ".join(invariant)}
+        invariant = (
+            sorted(r for r in have if runs[(r, *key)].get("full_batch") and key[0] == "full")
+            if varied == "fine-tuning seed"
+            else []
+        )
+        row = {
+            "varied": varied,
+            "setting": name,
+            "key": "/".join(map(str, key)),
+            "n": len(have),
+            "seed_invariant_relations": ", ".join(invariant),
+        }
         if len(have) < 3:
             rows.append({**row, "r": np.nan, "r_raw": np.nan})
             continue
         t = rel.set_index("relation").loc[have]
-        k = pearson(t.readability_best_kappa, [runs[(r, *key)]["generalization_kappa"] for r in have], n_boot=200, n_perm=200)
+        k = pearson(
+            t.readability_best_kappa, [runs[(r, *key)]["generalization_kappa"] for r in have], n_boot=200, n_perm=200
+        )
         raw = pearson(t.readability_best, [runs[(r, *key)]["generalization"] for r in have], n_boot=200, n_perm=200)
         rows.append({**row, "r": k["r"], "ci_low": k["ci_low"], "ci_high": k["ci_high"], "r_raw": raw["r"]})
     return pd.DataFrame(rows)
@@ -108,19 +152,36 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
     for key, (part, _r) in {"headline": (HEADLINE, head), "raw": (RAW, raw)}.items():
         for analysis, d in summary[key].items():
             if isinstance(d, dict) and "r" in d:
-                hit = stats[(stats.method == m0) & (stats.predictor == part[0]) & (stats.outcome == part[1]) & (stats.analysis == analysis)]
+                hit = stats[
+                    (stats.method == m0)
+                    & (stats.predictor == part[0])
+                    & (stats.outcome == part[1])
+                    & (stats.analysis == analysis)
+                ]
                 d["p_monte_carlo"] = float(hit.p_monte_carlo.iloc[0]) if len(hit) else float("nan")
     kap = null[(null.method == m0) & (null.outcome == HEADLINE[1])]
     n_sim = int(null.n_sim.iloc[0]) if len(null) else 0
     summary["null_calibration"] = {
-        "n_sim": n_sim, "alpha": float(null.alpha.iloc[0]) if len(null) else 0.05, "method": m0,
+        "n_sim": n_sim,
+        "alpha": float(null.alpha.iloc[0]) if len(null) else 0.05,
+        "method": m0,
         "headline_test": "Monte-Carlo p against the study's simulated null",
-        "headline_false_positive_rate": float(head.false_positive_rate_monte_carlo) if head is not None else float("nan"),
-        "headline_permutation_false_positive_rate": float(head.false_positive_rate) if head is not None else float("nan"),
+        "headline_false_positive_rate": float(head.false_positive_rate_monte_carlo)
+        if head is not None
+        else float("nan"),
+        "headline_permutation_false_positive_rate": float(head.false_positive_rate)
+        if head is not None
+        else float("nan"),
         "raw_false_positive_rate": float(raw.false_positive_rate) if raw is not None else float("nan"),
-        "raw_monte_carlo_false_positive_rate": float(raw.false_positive_rate_monte_carlo) if raw is not None else float("nan"),
-        "max_kappa_conventional_false_positive_rate": float(kap.false_positive_rate.max()) if len(kap) else float("nan"),
-        "max_kappa_monte_carlo_false_positive_rate": float(kap.false_positive_rate_monte_carlo.max()) if len(kap) else float("nan"),
+        "raw_monte_carlo_false_positive_rate": float(raw.false_positive_rate_monte_carlo)
+        if raw is not None
+        else float("nan"),
+        "max_kappa_conventional_false_positive_rate": float(kap.false_positive_rate.max())
+        if len(kap)
+        else float("nan"),
+        "max_kappa_monte_carlo_false_positive_rate": float(kap.false_positive_rate_monte_carlo.max())
+        if len(kap)
+        else float("nan"),
     }
     summary["headline"]["p_value_headline"] = summary["headline"].get("pearson", {}).get("p_monte_carlo", float("nan"))
     return stats, summary
@@ -131,7 +192,9 @@ def missing_covariates(study, rel: pd.DataFrame) -> dict[str, str]:
     out = {}
     for c in COVARIATES:
         if c in rel and rel[c].isna().all():
-            out[c] = (study.model.scoring.answers_undefined if c == "pretrained_accuracy" else None) or "undefined for this model"
+            out[c] = (
+                study.model.scoring.answers_undefined if c == "pretrained_accuracy" else None
+            ) or "undefined for this model"
     return out
 
 
@@ -140,9 +203,21 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
     done = [r for r in results if r["status"] == "done"]
     runs = {(r["relation"], r["method"], r["category"], r["label_seed"], r["finetune_seed"]): r for r in done}
     finetunes = pd.DataFrame([{k: v for k, v in r.items() if k not in ("predictions", "mapping")} for r in results])
-    preds = pd.DataFrame([{**p, "job": r["job"], "relation": r["relation"], "method": r["method"], "category": r["category"],
-                           "label_seed": r["label_seed"], "finetune_seed": r["finetune_seed"]}
-                          for r in done for p in r["predictions"]])
+    preds = pd.DataFrame(
+        [
+            {
+                **p,
+                "job": r["job"],
+                "relation": r["relation"],
+                "method": r["method"],
+                "category": r["category"],
+                "label_seed": r["label_seed"],
+                "finetune_seed": r["finetune_seed"],
+            }
+            for r in done
+            for p in r["predictions"]
+        ]
+    )
     rel = relation_table(study, layers, pretrained, runs, best)
     m0 = c.methods[0]
 
@@ -159,32 +234,64 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
     unique_r = rob.drop_duplicates("key").r
 
     # error back-mapping, over the main runs of every method
-    main = preds[(preds.category == c.category) & (preds.label_seed == c.label_seeds[0]) & (preds.finetune_seed == c.finetune_seeds[0])]
+    main = preds[
+        (preds.category == c.category)
+        & (preds.label_seed == c.label_seeds[0])
+        & (preds.finetune_seed == c.finetune_seeds[0])
+    ]
     errors = main[~main.correct.astype(bool)]
-    main_runs = {(m, name): runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])] for m in c.methods for name in study.relations}
+    main_runs = {
+        (m, name): runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])]
+        for m in c.methods
+        for name in study.relations
+    }
     backmap = backmap_table(errors, dict(zip(rel.relation, rel.n_answers)), c.top_k, main_runs)
 
     def analyses(predictor, outcome):
         rows = stats[(stats.method == m0) & (stats.predictor == predictor) & (stats.outcome == outcome)]
-        return {row.analysis: {"r": row.r, "p_value": row.p_value,
-                               **({"ci": [row.ci_low, row.ci_high], "ci_method": row.ci_method} if row.analysis == "pearson" else {})}
-                for row in rows.itertuples()}
+        return {
+            row.analysis: {
+                "r": row.r,
+                "p_value": row.p_value,
+                **({"ci": [row.ci_low, row.ci_high], "ci_method": row.ci_method} if row.analysis == "pearson" else {}),
+            }
+            for row in rows.itertuples()
+        }
 
     summary = {
-        "model": study.model.name, "n_relations": len(study.relations), "methods": list(c.methods),
-        "headline": {"method": m0, "predictor": HEADLINE[0], "outcome": HEADLINE[1], "measure": "Cohen's kappa",
-                     **analyses(*HEADLINE)},
-        "raw": {"predictor": RAW[0], "outcome": RAW[1], **analyses(*RAW),
-                "why_inflated": "raw accuracies share chance levels: with fewer or more lopsided answers a blind guess scores "
-                                "higher and readability is higher too, so raw accuracies correlate even with no generalization"},
-        "robustness": {"r_min": float(unique_r.min()), "r_max": float(unique_r.max()), "r_std": float(unique_r.std()),
-                       "n_settings": int(unique_r.notna().sum()), "measure": "kappa",
-                       "note": "the main run appears once per kind of variation in robustness.csv; spread over distinct runs",
-                       "seed_invariant_relations": sorted({x for v in rob.seed_invariant_relations for x in v.split(", ") if x})},
+        "model": study.model.name,
+        "n_relations": len(study.relations),
+        "methods": list(c.methods),
+        "headline": {
+            "method": m0,
+            "predictor": HEADLINE[0],
+            "outcome": HEADLINE[1],
+            "measure": "Cohen's kappa",
+            **analyses(*HEADLINE),
+        },
+        "raw": {
+            "predictor": RAW[0],
+            "outcome": RAW[1],
+            **analyses(*RAW),
+            "why_inflated": "raw accuracies share chance levels: with fewer or more lopsided answers a blind guess scores "
+            "higher and readability is higher too, so raw accuracies correlate even with no generalization",
+        },
+        "robustness": {
+            "r_min": float(unique_r.min()),
+            "r_max": float(unique_r.max()),
+            "r_std": float(unique_r.std()),
+            "n_settings": int(unique_r.notna().sum()),
+            "measure": "kappa",
+            "note": "the main run appears once per kind of variation in robustness.csv; spread over distinct runs",
+            "seed_invariant_relations": sorted({x for v in rob.seed_invariant_relations for x in v.split(", ") if x}),
+        },
         "backmap": {m: backmap_summary(backmap, m) for m in c.methods},
-        "covariates": {"n_finetune_subjects_vs_n_answers_r": float(np.corrcoef(rel.n_finetune_subjects, rel.n_answers)[0, 1])
-                       if rel.n_finetune_subjects.nunique() > 1 and rel.n_answers.nunique() > 1 else float("nan"),
-                       "missing": missing_covariates(study, rel)},
+        "covariates": {
+            "n_finetune_subjects_vs_n_answers_r": float(np.corrcoef(rel.n_finetune_subjects, rel.n_answers)[0, 1])
+            if rel.n_finetune_subjects.nunique() > 1 and rel.n_answers.nunique() > 1
+            else float("nan"),
+            "missing": missing_covariates(study, rel),
+        },
         "scoring": study.model.scoring.kind,
         "train_accuracy": {m: float(rel[f"train_accuracy_{m}"].mean()) for m in c.methods},
         "generalization": {m: float(rel[f"generalization_{m}"].mean()) for m in c.methods},
@@ -193,12 +300,20 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
         "mean_readability_best_kappa": float(rel.readability_best_kappa.mean()),
         "skipped_jobs": [{"job": r["job"], "reason": r["reason"]} for r in results if r["status"] == "skipped"],
         "untrained_prompt_tokens": list(notes),
-        "frequency_covariate": study.frequency_source, "fixed_layer": study.fixed_layer,
+        "frequency_covariate": study.frequency_source,
+        "fixed_layer": study.fixed_layer,
         "config": c.to_dict(),
     }
     stats, summary = apply_null(stats, null, summary)
-    for name, df in (("relations", rel), ("finetunes", finetunes), ("predictions", preds), ("stats", stats),
-                     ("robustness", rob), ("backmap", backmap), ("null_calibration", null)):
+    for name, df in (
+        ("relations", rel),
+        ("finetunes", finetunes),
+        ("predictions", preds),
+        ("stats", stats),
+        ("robustness", rob),
+        ("backmap", backmap),
+        ("null_calibration", null),
+    ):
         write_table(df, out / f"{name}.csv")
     write_json(summary, out / "summary.json")
     write_report(out)
@@ -212,8 +327,13 @@ def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> 
     summary = json.loads((out / "summary.json").read_text())
     c = summary["config"]
     n_sim = n_sim or c.get("n_null", 2000)
-    table = null_tables(pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv"), c, n_sim,
-                        c["split_seed"] if seed is None else seed)
+    table = null_tables(
+        pd.read_csv(out / "relations.csv"),
+        pd.read_csv(out / "predictions.csv"),
+        c,
+        n_sim,
+        c["split_seed"] if seed is None else seed,
+    )
     stats = pd.read_csv(out / "stats.csv").drop(columns=["p_monte_carlo"], errors="ignore")
     stats, summary = apply_null(stats, table, summary)
     write_table(table, out / "null_calibration.csv")

@@ -8,6 +8,7 @@ listing every problem rather than the first. :func:`validate_study` raises
 inputs that are usable but suspicious: a fine-tuning prompt or label made of tokens the model
 was never trained on (the world model: absent from its corpus; any model: its unknown token).
 """
+
 from __future__ import annotations
 
 import string
@@ -34,10 +35,14 @@ def template_problem(template: str) -> str | None:
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as err:
-        return f"finetune.template {template!r} is not a valid format string ({err}); write '{{}}' where the subject goes"
+        return (
+            f"finetune.template {template!r} is not a valid format string ({err}); write '{{}}' where the subject goes"
+        )
     if fields != [""]:
-        return (f"finetune.template {template!r} must contain '{{}}' exactly once, where the subject goes "
-                f"(found {len(fields)} replacement field(s)); e.g. '{{}} is associated with the word'")
+        return (
+            f"finetune.template {template!r} must contain '{{}}' exactly once, where the subject goes "
+            f"(found {len(fields)} replacement field(s)); e.g. '{{}} is associated with the word'"
+        )
     return None
 
 
@@ -51,8 +56,10 @@ def _config_problems(study) -> list[str]:
     if bad:
         out.append(f"other_categories {bad} are not label categories; valid: {cats}")
     if c.category in c.other_categories or len(set(c.other_categories)) != len(c.other_categories):
-        out.append(f"other_categories {tuple(c.other_categories)!r} must name each category once and not the main "
-                   f"category {c.category!r} (it is always run)")
+        out.append(
+            f"other_categories {tuple(c.other_categories)!r} must name each category once and not the main "
+            f"category {c.category!r} (it is always run)"
+        )
     for cat in [c.category, *c.other_categories]:
         words = labels.get(cat, ())
         if len(set(words)) != len(words):
@@ -64,10 +71,14 @@ def _config_problems(study) -> list[str]:
         if not v or len(set(v)) != len(v):
             out.append(f"{name} {tuple(v)!r}: give at least one seed, each once")
     if c.n_finetune is not None and c.n_finetune < 1:
-        out.append(f"n_finetune={c.n_finetune}: fine-tuning subjects per answer must be at least 1 (or None for the budget design)")
+        out.append(
+            f"n_finetune={c.n_finetune}: fine-tuning subjects per answer must be at least 1 (or None for the budget design)"
+        )
     lo, hi = c.finetune_budget
     if not 2 <= lo <= hi:
-        out.append(f"finetune_budget={tuple(c.finetune_budget)}: need 2 <= low <= high fine-tuning subjects per relation")
+        out.append(
+            f"finetune_budget={tuple(c.finetune_budget)}: need 2 <= low <= high fine-tuning subjects per relation"
+        )
     if c.min_per_answer < 1:
         out.append(f"min_per_answer={c.min_per_answer}: must be at least 1")
     if c.folds < 2:
@@ -75,8 +86,10 @@ def _config_problems(study) -> list[str]:
     if c.probe_C <= 0:
         out.append(f"probe_C={c.probe_C}: the inverse regularization strength must be positive")
     if c.fixed_layer is not None and not 0 <= c.fixed_layer < n_layers:
-        out.append(f"fixed_layer={c.fixed_layer}: model {study.model.name!r} has layers 0 to {n_layers - 1}; "
-                   f"choose one of them or None (the middle layer, {n_layers // 2})")
+        out.append(
+            f"fixed_layer={c.fixed_layer}: model {study.model.name!r} has layers 0 to {n_layers - 1}; "
+            f"choose one of them or None (the middle layer, {n_layers // 2})"
+        )
     if c.top_k < 1:
         out.append(f"top_k={c.top_k}: must be at least 1")
     for name, least in (("n_boot", 50), ("n_perm", 19), ("n_null", 100)):
@@ -106,8 +119,10 @@ def _relation_problems(study, min_relations: int = MIN_RELATIONS) -> list[str]:
     c, rels = study.config, study.relation_list
     out = []
     if len(rels) < min_relations:
-        out.append(f"{len(rels)} relation(s) given; a study correlates across relations and its partial correlations "
-                   f"need at least {min_relations}: add relations")
+        out.append(
+            f"{len(rels)} relation(s) given; a study correlates across relations and its partial correlations "
+            f"need at least {min_relations}: add relations"
+        )
     names = [r.name for r in rels]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -127,8 +142,10 @@ def _relation_problems(study, min_relations: int = MIN_RELATIONS) -> list[str]:
                 seen.add(subject)
                 counts[a] = counts.get(a, 0) + 1
         if sum(n >= c.folds for n in counts.values()) < 2:
-            out.append(f"relation {r.name!r}: fewer than 2 answers have at least folds={c.folds} subjects, so the probe "
-                       "cannot be cross-validated; lower folds or add subjects")
+            out.append(
+                f"relation {r.name!r}: fewer than 2 answers have at least folds={c.folds} subjects, so the probe "
+                "cannot be cross-validated; lower folds or add subjects"
+            )
         try:
             study.design(r, c.category, c.label_seeds[0] if c.label_seeds else 0)
         except (RelationError, ValueError) as err:
@@ -146,7 +163,11 @@ def untrained_tokens(study) -> list[str]:
     out = []
     for where, text in texts:
         ids = tok(" " + text, add_special_tokens=False)["input_ids"]
-        bad = [i for i in ids if (unk is not None and i == unk) or (study.trained_tokens is not None and i not in study.trained_tokens)]
+        bad = [
+            i
+            for i in ids
+            if (unk is not None and i == unk) or (study.trained_tokens is not None and i not in study.trained_tokens)
+        ]
         if bad:
             out.append(f"{where} ({text!r}): {len(bad)} unknown or untrained token(s) {tok.convert_ids_to_tokens(bad)}")
     return out
@@ -161,6 +182,9 @@ def validate_study(study, min_relations: int = MIN_RELATIONS) -> list[str]:
         raise StudyConfigError(problems)
     notes = untrained_tokens(study)
     if notes:
-        warnings.warn("fine-tuning prompts or labels use tokens the model was never trained on (their embeddings are "
-                      "untrained, so the study measures noise there): " + "; ".join(notes[:10]), stacklevel=3)
+        warnings.warn(
+            "fine-tuning prompts or labels use tokens the model was never trained on (their embeddings are "
+            "untrained, so the study measures noise there): " + "; ".join(notes[:10]),
+            stacklevel=3,
+        )
     return notes

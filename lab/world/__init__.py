@@ -1,4 +1,5 @@
 """Synthetic knowledge worlds and the small LM the project pretrains on one (the embedded default)."""
+
 from .checkpoint import default_checkpoint_dir, load_world
 from .relations import from_world
 from .spec import KNOBS, RelationSpec, WorldSpec, WorldSpecError, default_spec
@@ -8,6 +9,15 @@ from .world import World
 
 __all__ = [
     "from_world",
-    "KNOBS", "RelationSpec", "TrainConfig", "World", "WorldSpec", "WorldSpecError",
-    "build_tokenizer", "default_checkpoint_dir", "default_spec", "load_world", "train_world_model",
+    "KNOBS",
+    "RelationSpec",
+    "TrainConfig",
+    "World",
+    "WorldSpec",
+    "WorldSpecError",
+    "build_tokenizer",
+    "default_checkpoint_dir",
+    "default_spec",
+    "load_world",
+    "train_world_model",
 ]

@@ -1,4 +1,5 @@
 """The shipped world checkpoint and the world it was trained on."""
+
 from __future__ import annotations
 
 from pathlib import Path

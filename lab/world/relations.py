@@ -1,4 +1,5 @@
 """The world's relations as :class:`interp.relations.Relation` objects, for every analyzer."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -14,7 +15,22 @@ def from_world(world: World, relations: Iterable[str] | None = None) -> list[Rel
     for name in relations or [r.name for r in world.spec.relations]:
         q = world.queries(name)
         r = world.relation[name]
-        out.append(Relation(name, list(q.subject), list(q.answer), "{} " + world.templates(name)[0], list(q.prompt),
-                            {"source": "world", "n_answers": r.n_answers, "templates": r.templates,
-                             "mentions": r.mentions, "augment": r.augment, "bio": r.bio, "derived_from": r.derived_from}))
+        out.append(
+            Relation(
+                name,
+                list(q.subject),
+                list(q.answer),
+                "{} " + world.templates(name)[0],
+                list(q.prompt),
+                {
+                    "source": "world",
+                    "n_answers": r.n_answers,
+                    "templates": r.templates,
+                    "mentions": r.mentions,
+                    "augment": r.augment,
+                    "bio": r.bio,
+                    "derived_from": r.derived_from,
+                },
+            )
+        )
     return out

@@ -8,6 +8,7 @@
   defines it (the highest kappa), with its kappa, chance = 1 / #answers and selectivity against a
   shuffled-label control.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -54,11 +55,20 @@ def knowledge_report(model: Model, world: World) -> pd.DataFrame:
     best = best_layer_readability(readability(model, world)).set_index("relation")
     rows = []
     for r in world.spec.relations:
-        rows.append({
-            "relation": r.name, "n_answers": r.n_answers, "templates": r.templates, "mentions": r.mentions,
-            "augment": r.augment, "bio": r.bio, "recall": rec[r.name],
-            "readability": best.loc[r.name, "accuracy"], "readability_kappa": best.loc[r.name, "kappa"],
-            "best_layer": int(best.loc[r.name, "layer"]),
-            "chance": best.loc[r.name, "chance"], "selectivity": best.loc[r.name, "selectivity"],
-        })
+        rows.append(
+            {
+                "relation": r.name,
+                "n_answers": r.n_answers,
+                "templates": r.templates,
+                "mentions": r.mentions,
+                "augment": r.augment,
+                "bio": r.bio,
+                "recall": rec[r.name],
+                "readability": best.loc[r.name, "accuracy"],
+                "readability_kappa": best.loc[r.name, "kappa"],
+                "best_layer": int(best.loc[r.name, "layer"]),
+                "chance": best.loc[r.name, "chance"],
+                "selectivity": best.loc[r.name, "selectivity"],
+            }
+        )
     return pd.DataFrame(rows)

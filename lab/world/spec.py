@@ -15,6 +15,7 @@ subject):
 - ``bio``: facts are written inside per-subject biographies (with the subject's other bio
   facts) rather than as isolated statements.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,14 +48,18 @@ class RelationSpec:
 
     def validate(self, n_subjects: int, known: set[str]) -> None:
         if not 2 <= self.n_answers <= 30:
-            raise WorldSpecError(f"relation {self.name!r}: n_answers={self.n_answers}; a relation needs 2 to 30 answers")
+            raise WorldSpecError(
+                f"relation {self.name!r}: n_answers={self.n_answers}; a relation needs 2 to 30 answers"
+            )
         if self.n_answers > n_subjects:
             raise WorldSpecError(
                 f"relation {self.name!r} has more answers ({self.n_answers}) than the world has subjects "
                 f"({n_subjects}); lower n_answers or raise n_subjects"
             )
         if not 1 <= self.templates <= len(TEMPLATE_PATTERNS):
-            raise WorldSpecError(f"relation {self.name!r}: templates must be 1 to {len(TEMPLATE_PATTERNS)}, got {self.templates}")
+            raise WorldSpecError(
+                f"relation {self.name!r}: templates must be 1 to {len(TEMPLATE_PATTERNS)}, got {self.templates}"
+            )
         if self.mentions < 1:
             raise WorldSpecError(f"relation {self.name!r}: mentions must be at least 1, got {self.mentions}")
         if self.derived_from is not None and self.derived_from not in known:
@@ -102,8 +107,10 @@ class WorldSpec:
         if self.subject_tokens not in ("unique", "shared"):
             raise WorldSpecError(f"subject_tokens must be 'unique' or 'shared', got {self.subject_tokens!r}")
         if self.subject_tokens == "shared" and self.n_subjects > SHARED_POOL**2 // 2:
-            raise WorldSpecError(f"subject_tokens='shared' builds at most {SHARED_POOL**2 // 2} distinct names; "
-                                 f"n_subjects={self.n_subjects}")
+            raise WorldSpecError(
+                f"subject_tokens='shared' builds at most {SHARED_POOL**2 // 2} distinct names; "
+                f"n_subjects={self.n_subjects}"
+            )
         known: set[str] = set()
         for r in self.relations:
             if r.name in known:

@@ -3,6 +3,7 @@
 Words are split on whitespace (the corpus writes punctuation as separate words), so every
 invented name part, answer and label is one token and character offsets are exact.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -20,6 +21,11 @@ def build_tokenizer(words: Iterable[str]):
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", eos_token="<eos>", bos_token="<eos>",
-        model_max_length=1024, clean_up_tokenization_spaces=False,
+        tokenizer_object=tk,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="<eos>",
+        bos_token="<eos>",
+        model_max_length=1024,
+        clean_up_tokenization_spaces=False,
     )

@@ -11,6 +11,7 @@ same machine and thread count). The result is a HuggingFace directory (``model.s
 ``config.json``, tokenizer files) plus ``world_spec.json`` and ``train_log.csv``, loadable with
 ``interp.load_model(path)`` through either backend.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,9 +52,17 @@ def build_model(config: TrainConfig, vocab_size: int, tokenizer):
 
     seed_torch(config.seed)
     hf_config = GPT2Config(
-        n_layer=config.n_layers, n_embd=config.d_model, n_head=config.n_heads, n_positions=config.seq_len,
-        vocab_size=vocab_size, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        n_layer=config.n_layers,
+        n_embd=config.d_model,
+        n_head=config.n_heads,
+        n_positions=config.seq_len,
+        vocab_size=vocab_size,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     return GPT2LMHeadModel(hf_config)
 
@@ -102,7 +111,8 @@ def train_world_model(
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=config.lr, betas=(0.9, 0.98),
+        lr=config.lr,
+        betas=(0.9, 0.98),
     )
 
     def lr_at(step):

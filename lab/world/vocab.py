@@ -4,6 +4,7 @@ Invented words are built from syllables, so they never collide with the English 
 templates and labels. Label categories are real words; the corpus also uses them in unrelated
 sentences, so a pretrained world model knows them before any relabelling fine-tune.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,7 +19,9 @@ LABELS: dict[str, tuple[str, ...]] = {
         "gecko bison hyena llama ferret lemur parrot salmon tiger wolf fox owl eagle shark whale "
         "rabbit turtle donkey goose pigeon squirrel".split()
     ),
-    "colours": tuple("red blue green yellow purple orange brown black white grey pink violet teal amber crimson indigo maroon olive".split()),
+    "colours": tuple(
+        "red blue green yellow purple orange brown black white grey pink violet teal amber crimson indigo maroon olive".split()
+    ),
     "fruits": tuple(
         "apple banana cherry mango peach pear plum grape lemon lime melon kiwi papaya guava apricot "
         "fig date olive_fruit coconut berry quince lychee".split()

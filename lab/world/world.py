@@ -8,6 +8,7 @@
 Everything is drawn from ``random.Random(spec.seed)`` in a fixed order, so the same spec gives
 the same world and the same corpus.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,8 +51,10 @@ class World:
                 pairs.add((names.choice(pool), names.choice(pool)))
             lasts = [f"{a} {b}" for a, b in sorted(pairs)]
             names.shuffle(lasts)
-        subjects = [" ".join([rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [last])
-                    for last in lasts]
+        subjects = [
+            " ".join([rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [last])
+            for last in lasts
+        ]
         frequency = {s: rng.choice(spec.subject_frequencies) for s in subjects}
 
         answers: dict[str, list[str]] = {}
@@ -65,7 +68,12 @@ class World:
                 value[r.name] = dict(zip(subjects, draw))
             else:
                 parents = answers[r.derived_from]
-                mapping = dict(zip(parents, answers[r.name] + [rng.choice(answers[r.name]) for _ in range(len(parents) - r.n_answers)]))
+                mapping = dict(
+                    zip(
+                        parents,
+                        answers[r.name] + [rng.choice(answers[r.name]) for _ in range(len(parents) - r.n_answers)],
+                    )
+                )
                 value[r.name] = {s: mapping[value[r.derived_from][s]] for s in subjects}
         rows = [(s, r.name, value[r.name][s]) for r in spec.relations for s in subjects]
         facts = pd.DataFrame(rows, columns=["subject", "relation", "answer"])
@@ -154,11 +162,18 @@ class World:
             for _ in range(max((self.relation[n].mentions for n in aug_bio), default=0) * f):
                 names = list(aug_bio)
                 rng.shuffle(names)
-                docs.append((" ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names), tuple(aug_bio)))
+                docs.append(
+                    (
+                        " ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names),
+                        tuple(aug_bio),
+                    )
+                )
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
             if self._in_qa(s):  # mixed training: biography facts also as question-form statements
-                for name in [n for n in aug_bio + fixed_bio if self.relation[n].mixed] + [r.name for r in loose if r.mixed]:
+                for name in [n for n in aug_bio + fixed_bio if self.relation[n].mixed] + [
+                    r.name for r in loose if r.mixed
+                ]:
                     for _ in range(f):
                         docs.append((f"{s} {self.templates(name)[0]} {self.answer(s, name)} .", (name,)))
             for r in loose:
@@ -217,10 +232,26 @@ class World:
 #: uses each in unrelated sentences (:data:`STUDY_WORD_PAIRS`), so their tokens are trained.
 STUDY_TEMPLATES = ("is associated with the word", "belongs to group", "goes with tag")
 STUDY_WORD_PAIRS = (
-    ("rain", "cloud"), ("bread", "butter"), ("night", "moon"), ("winter", "snow"), ("fire", "smoke"),
-    ("sea", "salt"), ("road", "car"), ("book", "page"), ("tree", "leaf"), ("song", "voice"),
-    ("garden", "flower"), ("clock", "time"), ("house", "door"), ("school", "lesson"), ("market", "coin"),
-    ("storm", "wind"), ("kitchen", "knife"), ("desert", "sand"), ("letter", "stamp"), ("bridge", "river"),
+    ("rain", "cloud"),
+    ("bread", "butter"),
+    ("night", "moon"),
+    ("winter", "snow"),
+    ("fire", "smoke"),
+    ("sea", "salt"),
+    ("road", "car"),
+    ("book", "page"),
+    ("tree", "leaf"),
+    ("song", "voice"),
+    ("garden", "flower"),
+    ("clock", "time"),
+    ("house", "door"),
+    ("school", "lesson"),
+    ("market", "coin"),
+    ("storm", "wind"),
+    ("kitchen", "knife"),
+    ("desert", "sand"),
+    ("letter", "stamp"),
+    ("bridge", "river"),
 )
 _STUDY_WORDS = sorted({w for t in STUDY_TEMPLATES for w in t.split()} | {"label"})
 
