@@ -116,7 +116,8 @@ def main() -> None:
     print(f"{'method':44s} {'seconds':>8s} {'speed-up':>9s}  agreement")
     print(f"{'path patching, naive loop (' + str(n_edges) + ' edges)':44s} {t_naive:8.2f} {1.0:8.1f}x")
     print(
-        f"{'path patching, batched senders':44s} {t_batched:8.2f} {t_naive / t_batched:8.1f}x  max |score diff| {diff:.1e}"
+        f"{'path patching, batched senders':44s} {t_batched:8.2f} {t_naive / t_batched:8.1f}x  "
+        f"max |score diff| {diff:.1e}"
     )
     cells = len(exact)
     print(f"{'activation patching, TL loop (' + str(cells) + ' cells)':44s} {t_tl:8.2f} {1.0:8.1f}x")

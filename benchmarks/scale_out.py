@@ -116,7 +116,8 @@ def main() -> None:
         root = Path(tmp)
         rows, same = study_throughput(root)
         print(
-            f"study fine-tunes ({rows[0][2]} jobs: {len(RELATIONS)} world relations x 2 label seeds, 60 steps), 2-core machine"
+            f"study fine-tunes ({rows[0][2]} jobs: {len(RELATIONS)} world relations x 2 label seeds, 60 steps), "
+            "2-core machine"
         )
         print(f"{'executor':34s} {'seconds':>8s} {'jobs/min':>9s}")
         for name, seconds, n in rows:
@@ -124,7 +125,8 @@ def main() -> None:
         by = {name: seconds for name, seconds, _ in rows}
         print(
             f"scaling, 2 Ray workers vs 1: {by['ray, 1 worker x 1 CPU'] / by['ray, 2 workers x 1 CPU']:.2f}x; "
-            f"1 thread per worker vs 2 (old default): {by['ray, 2 workers x 2 threads (old)'] / by['ray, 2 workers x 1 CPU']:.2f}x "
+            "1 thread per worker vs 2 (old default): "
+            f"{by['ray, 2 workers x 2 threads (old)'] / by['ray, 2 workers x 1 CPU']:.2f}x "
             f"faster; identical tables (1 thread per job): {same}\n"
         )
         mem, agree = sweep_memory(root)

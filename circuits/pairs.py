@@ -142,7 +142,8 @@ def make_pairs(
     n_clean, n_corr = len(clean), len(corrupted)
     if n_clean != n_corr:
         raise ValueError(
-            f"got {n_clean} clean prompts but {n_corr} corrupted ones; patching needs one corrupted prompt per clean prompt"
+            f"got {n_clean} clean prompts but {n_corr} corrupted ones; "
+            "patching needs one corrupted prompt per clean prompt"
         )
     if n_clean == 0:
         raise ValueError("no prompt pairs given")

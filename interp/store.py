@@ -136,11 +136,15 @@ class ActivationStore:
             raise KeyError(f"site {site!r} is not in this store; it holds {', '.join(self.sites)}")
         if not self.complete:
             raise RuntimeError(
-                f"the store at {self.root} is incomplete (missing shards {self.missing_shards()}); rerun the capture to finish it"
+                f"the store at {self.root} is incomplete (missing shards {self.missing_shards()}); "
+                "rerun the capture to finish it"
             )
         return torch.cat([s[site] for s in self.iter_shards([site])])
 
     def __repr__(self) -> str:
         if self.manifest is None:
             return f"ActivationStore({str(self.root)!r}, empty)"
-        return f"ActivationStore({str(self.root)!r}, rows={self.n_rows}, shards={self.n_shards}, sites={len(self.sites)}, complete={self.complete})"
+        return (
+            f"ActivationStore({str(self.root)!r}, rows={self.n_rows}, shards={self.n_shards}, "
+            f"sites={len(self.sites)}, complete={self.complete})"
+        )

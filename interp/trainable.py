@@ -3,7 +3,8 @@
 ``model.trainable_copy()`` returns a new :class:`~interp.models.Model` on the same backend whose
 weights are a deep copy of the original (which is never modified): every parameter trains, except
 the embedding tables when ``freeze_embeddings=True`` (token and position embeddings, and a
-read-out tied to them). On the TransformerLens backend the copy is a deep copy of the bridge. ``model.trainable_copy(lora=LoraSpec(r=8, alpha=16))`` instead freezes
+read-out tied to them). On the TransformerLens backend the copy is a deep copy of the bridge.
+``model.trainable_copy(lora=LoraSpec(r=8, alpha=16))`` instead freezes
 every original weight and adds low-rank adapters (Hu et al. 2021, via ``peft``) to the linear
 layers :func:`lora_targets` names for the architecture. The adapters go on the layers the backend
 runs: on nnsight the HuggingFace layers themselves; on TransformerLens the same layers, except that

@@ -8,7 +8,8 @@ dict of floats``) and returns a tidy DataFrame ``step, measure, value``; :func:`
 draws every measure against the step, with train/test accuracy (if tracked) on the same axes.
 
     >>> df = track(checkpoints, {"train_accuracy": acc_on(train), "test_accuracy": acc_on(test),
-    ...                          "centroid_alignment": lambda m: centroid_alignment(m, prompts).centroid_alignment.mean()})
+    ...                          "centroid_alignment":
+    ...                              lambda m: centroid_alignment(m, prompts).centroid_alignment.mean()})
     >>> trajectory_plot(df)
 """
 

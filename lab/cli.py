@@ -101,7 +101,8 @@ def demo(
     write_table(table, out / "readability.csv")
     best = best_layer_readability(table).sort_values("kappa", ascending=False)
     typer.echo(
-        "\neach relation's readability at its best layer (probe accuracy and kappa of its answer at the subject's last token):"
+        "\neach relation's readability at its best layer "
+        "(probe accuracy and kappa of its answer at the subject's last token):"
     )
     typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"\nwrote {out / 'readability.csv'}")
@@ -156,13 +157,15 @@ def study(
     typer.echo(f"\n{s['n_relations']} relations, model {s['model']}")
     typer.echo(
         f"Pearson r(readability kappa, generalization kappa) = {p.get('r', float('nan')):.3f} "
-        f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], Monte-Carlo p = {p.get('p_monte_carlo', float('nan')):.3g} "
+        f"[{p.get('ci', nan2)[0]:.3f}, {p.get('ci', nan2)[1]:.3f}], "
+        f"Monte-Carlo p = {p.get('p_monte_carlo', float('nan')):.3g} "
         f"(permutation p = {p.get('p_value', float('nan')):.3g})"
     )
     for k, v in s["headline"].items():
         if isinstance(v, dict) and k != "pearson" and "r" in v:
             typer.echo(
-                f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  p = {v['p_value']:.3g}"
+                f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  "
+                f"p = {v['p_value']:.3g}"
             )
     nc = s["null_calibration"]
     typer.echo(
@@ -172,11 +175,13 @@ def study(
     )
     typer.echo(f"raw accuracies (inflated by chance levels): r = {s['raw']['pearson']['r']:.3f}")
     typer.echo(
-        f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} over {s['robustness']['n_settings']} settings"
+        f"robustness: r from {s['robustness']['r_min']:.3f} to {s['robustness']['r_max']:.3f} "
+        f"over {s['robustness']['n_settings']} settings"
     )
     for m, b in s["backmap"].items():
         typer.echo(
-            f"error back-mapping ({m}): {b['n_errors']} errors, {b['n_relations']} informative relations; observed/expected "
+            f"error back-mapping ({m}): {b['n_errors']} errors, {b['n_relations']} informative relations; "
+            "observed/expected "
             f"probe {b['probe_ratio']:.2f}, model {b['model_ratio']:.2f} (paired Wilcoxon p = {b['wilcoxon_p']:.3g})"
         )
     typer.echo(f"mean generalization kappa {s['generalization_kappa']}; mean train accuracy {s['train_accuracy']}")
@@ -195,10 +200,10 @@ def study_findings(
     interventions: Path | None = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
-    """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model tables."""
-    typer.echo(
-        f"wrote {write_findings(study, out, causal, world=world, ablation=ablation, real=real, interventions=interventions)}"
-    )
+    """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model
+    tables."""
+    page = write_findings(study, out, causal, world=world, ablation=ablation, real=real, interventions=interventions)
+    typer.echo(f"wrote {page}")
 
 
 @study_app.command("null")
@@ -306,7 +311,8 @@ def world_report(
     table = knowledge_report(m, load_world(model))
     typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(
-        f"\nmean recall {table.recall.mean():.3f}; readability from {table.readability.min():.3f} to {table.readability.max():.3f}"
+        f"\nmean recall {table.recall.mean():.3f}; "
+        f"readability from {table.readability.min():.3f} to {table.readability.max():.3f}"
     )
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,8 @@ Result: one row per (model, relation, site, fold, seed) with ``accuracy``, ``top
 ``log_loss``, ``balanced_accuracy`` and ``auroc`` (macro one-vs-rest; scikit-learn's definitions,
 on the fold's held-out subjects), ``chance`` (1 / number of answers), ``n_train``, ``n_test``, ``n_classes``,
 ``control_accuracy`` and ``selectivity``, and with ``mdl=True`` the online codelength
-(``mdl_bits``, ``uniform_bits``, ``compression``; Voita & Titov 2020). :attr:`ProbeSweep.readout_` holds, for every subject,
-the probe's ranked answers from the fold in which that subject was held out.
+(``mdl_bits``, ``uniform_bits``, ``compression``; Voita & Titov 2020). :attr:`ProbeSweep.readout_` holds,
+for every subject, the probe's ranked answers from the fold in which that subject was held out.
 """
 
 from __future__ import annotations
@@ -198,7 +198,8 @@ class ProbeSweep:
             for s, x in feats.items():
                 if not torch.isfinite(x.float()).all():
                     raise ValueError(
-                        f"activations of relation {name!r} at {s!r} contain NaN or inf; check the capture (dtype overflow?)"
+                        f"activations of relation {name!r} at {s!r} contain NaN or inf; "
+                        "check the capture (dtype overflow?)"
                     )
 
     # ------------------------------------------------------------------------------------------

@@ -101,8 +101,8 @@ def models64(model_dirs):
 
 
 #: finite-difference step and tolerance (absolute, relative) per family: GPT-2 computes in
-#: float64 throughout; NeoX has float32 parts (5e-7 of noise); Llama's RMSNorm computes in float32 even for float64 weights, which limits
-#: the difference quotient to about 1e-4 (a wrong Jacobian is off by order 1)
+#: float64 throughout; NeoX has float32 parts (5e-7 of noise); Llama's RMSNorm computes in float32 even for float64
+#: weights, which limits the difference quotient to about 1e-4 (a wrong Jacobian is off by order 1)
 FD_STEP = {"gpt2": (1e-5, 1e-7, 1e-6), "gpt_neox": (1e-4, 1e-5, 1e-4), "llama": (1e-3, 1e-3, 1e-2)}
 
 

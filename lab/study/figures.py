@@ -155,8 +155,10 @@ def backmap(table: pd.DataFrame, summary: dict) -> go.Figure:
     )
     b = summary["backmap"].get(summary["methods"][0], {})
     sub = (
-        f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, model {b.get('model_ratio', float('nan')):.2f}x uniform "
-        f"({b.get('probe_ratio_shuffled', float('nan')):.2f}x, {b.get('model_ratio_shuffled', float('nan')):.2f}x shuffled); "
+        f"<br><sup>pooled: probe {b.get('probe_ratio', float('nan')):.2f}x, "
+        f"model {b.get('model_ratio', float('nan')):.2f}x uniform "
+        f"({b.get('probe_ratio_shuffled', float('nan')):.2f}x, "
+        f"{b.get('model_ratio_shuffled', float('nan')):.2f}x shuffled); "
         f"paired Wilcoxon p = {b.get('wilcoxon_p', float('nan')):.3g} over {b.get('n_relations', 0)} relations</sup>"
     )
     fig.update_layout(

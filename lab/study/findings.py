@@ -44,7 +44,8 @@ def _table(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines)
 
 
-METHODS = """## How to read these numbers
+METHODS = (
+    """## How to read these numbers
 
 - **Kappa, not accuracy.** Readability (cross-validated probe predictions) and generalization
   (held-out predictions after relabelling) are Cohen's kappa against the empirical answer
@@ -64,9 +65,11 @@ METHODS = """## How to read these numbers
   a uniformly random wrong answer and with the back-mapped answers shuffled among a relation's
   errors (which keeps label and answer popularity) (`lab/study/backmap.py`).
 - **Causal test.** The two worlds write every non-manipulated relation identically (document
-  hashes compared before any training; `writing_identical` in `causal.csv`); differences in differences come with a bootstrap CI and a permutation p over
+  hashes compared before any training; `writing_identical` in `causal.csv`); differences in differences """
+    """come with a bootstrap CI and a permutation p over
   relations.
 """
+)
 
 
 def study_section(study: Path, figures_to: Path | None = None, prefix: str = "study") -> str:
@@ -89,9 +92,12 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
     pear = h["pearson"]
     out += [
         f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
-        f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, {pear['ci_method']}); "
-        f"Monte-Carlo p = **{_p(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies of this design with no "
-        f"generalization beyond chance (permutation p = {_p(pear['p_value'])}). On those null studies the Monte-Carlo test "
+        f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, "
+        f"{pear['ci_method']}); "
+        f"Monte-Carlo p = **{_p(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies "
+        "of this design with no "
+        f"generalization beyond chance (permutation p = {_p(pear['p_value'])}). "
+        "On those null studies the Monte-Carlo test "
         f"rejects at {_f(nc['headline_false_positive_rate'])} and the permutation test at "
         f"{_f(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
         f"({_f(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
@@ -105,7 +111,8 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
         + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items())
         + "); mean readability "
         f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
-        f"design covariates, fine-tuning subjects vs answers: r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.",
+        "design covariates, fine-tuning subjects vs answers: "
+        f"r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.",
         "",
     ]
     missing = s.get("covariates", {}).get("missing") or {}
@@ -124,7 +131,8 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
     out += [
         "### Null calibration (false-positive rate at alpha = 0.05)",
         "",
-        "Conventional test (permutation for Pearson, t for the others) and Monte-Carlo test against the design's own null.",
+        "Conventional test (permutation for Pearson, t for the others) "
+        "and Monte-Carlo test against the design's own null.",
         "",
         _table(
             null[
@@ -217,9 +225,8 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
         f"## Real facts on a pretrained encoder: {len(q)} LRE relations, {int(q.qualifies.sum())} qualify",
         "",
         "A relation qualifies when at least 2 of its answers have 6 or more distinct subjects (at most the 20 most "
-        "frequent answers kept) and the design leaves at least 20 held-out subjects (`lab/study/relations.py`). Left out: "
-        + "; ".join(f"{n} x '{r}'" for r, n in reasons.items())
-        + ".",
+        "frequent answers kept) and the design leaves at least 20 held-out subjects (`lab/study/relations.py`). "
+        "Left out: " + "; ".join(f"{n} x '{r}'" for r, n in reasons.items()) + ".",
         "",
         _table(
             q[q.qualifies.astype(bool)][
@@ -302,7 +309,8 @@ def causal_section(causal: Path) -> str:
     out = [
         "## The causal test: augmented vs plain writing",
         "",
-        f"Manipulated: {', '.join(s['manipulated'])} ({s['method']} fine-tuning; kappa). Writing of every other relation "
+        f"Manipulated: {', '.join(s['manipulated'])} ({s['method']} fine-tuning; kappa). "
+        "Writing of every other relation "
         f"identical in both worlds: {bool(df[~df.manipulated].writing_identical.all())} (document hashes).",
         "",
     ]
@@ -348,12 +356,15 @@ def world_section(report: Path) -> str:
     out = [
         "## The embedded world model: what it knows",
         "",
-        f"`interp world report`: recall is the greedy next token on every fact's corpus query (all subjects); readability "
+        "`interp world report`: recall is the greedy next token on every fact's corpus query (all subjects); "
+        "readability "
         f"is the 5-fold probe accuracy at the subject's last token at the relation's best layer (the highest kappa, "
         f"`probes.readability`), chance = 1/#answers. Mean recall "
-        f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); readability "
+        f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); "
+        "readability "
         f"{_f(df.readability.min())} to {_f(df.readability.max())}; the {len(aug)} augmented relations average "
-        f"{_f(aug.readability.mean())} readability against {_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.",
+        f"{_f(aug.readability.mean())} readability against "
+        f"{_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.",
         "",
         _table(df),
         "",
@@ -382,7 +393,8 @@ def ablation_section(folder: Path) -> str:
     out = [
         "## What makes knowledge active: the ablation",
         "",
-        f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; world variants "
+        f"`interp world ablate --steps {plan['steps']}`: each row changes one factor of the shipped recipe; "
+        "world variants "
         f"are pretrained for {plan['steps']} steps (the baseline row too, so rows compare like with like; the shipped "
         "checkpoint has more), and every row is measured with a reduced study (one label assignment, one seed, full "
         "fine-tuning unless the row says otherwise). Rows that change only the fine-tuning need no pretraining: they "

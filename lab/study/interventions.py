@@ -28,7 +28,8 @@ Reported per relation: how far each eraser moves the states (``moved_*``: mean s
 the states' variance), readability after erasure (5-fold cross-validated logistic probe, kappa, on
 the erased fine-tuning states, the eraser refitted inside each fold so that the probe meets
 states it was not fitted on (:func:`erased_probe_kappa`); LEACE's in-sample guarantee, zero
-cross-covariance, is checked by ``leftover_covariance``; transferred to erased held-out states; and in the *fine-tuned* LEACE model, whose earlier
+cross-covariance, is checked by ``leftover_covariance``; transferred to erased held-out states; and in the
+*fine-tuned* LEACE model, whose earlier
 blocks moved, so the fixed eraser may no longer remove everything: ``probe_after_tuned_kappa``);
 held-out generalization kappa per arm; the **excess drop** ``kappa(random) - kappa(leace)`` (how
 much more erasing the answer hurts than erasing as many random dimensions) with a bootstrap CI
@@ -708,7 +709,8 @@ def figures(out: Path) -> dict[str, go.Figure]:
     ):
         c = s[f"{y}_vs_readability"]
         sub = (
-            f"<br><sup>Pearson r = {c['r']:.2f} [{c.get('ci', [np.nan] * 2)[0]:.2f}, {c.get('ci', [np.nan] * 2)[1]:.2f}], "
+            f"<br><sup>Pearson r = {c['r']:.2f} "
+            f"[{c.get('ci', [np.nan] * 2)[0]:.2f}, {c.get('ci', [np.nan] * 2)[1]:.2f}], "
             f"permutation p = {c.get('p_value', np.nan):.2g}, n = {c['n']}</sup>"
         )
         err = dict(type="data", symmetric=False, array=t[f"{y}_ci_high"] - t[y], arrayminus=t[y] - t[f"{y}_ci_low"])
@@ -746,12 +748,15 @@ def write_report(out: str | Path) -> Path:
         f"<section>{fig.to_html(full_html=False, include_plotlyjs=i == 0)}</section>"
         for i, fig in enumerate(figs.values())
     )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Interventions: {html.escape(s["model"])}</title>
-<style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em}}table{{border-collapse:collapse;font-size:13px}}
+    page = (
+        f"""<!doctype html><html><head><meta charset="utf-8"><title>Interventions: {html.escape(s["model"])}</title>
+<style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em}}"""
+        f"""table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}</style></head><body>
 <h1>Is the readable direction what the fine-tune uses?</h1>
 <p>{html.escape(section(out))}</p>
 {parts}<section><h2>Relations</h2>{t.to_html(index=False, float_format=lambda v: f"{v:.3f}")}</section></body></html>"""
+    )
     path = out / "interventions.html"
     write_text(page, path)
     return path
@@ -765,22 +770,30 @@ def section(out: str | Path) -> str:
     ci = lambda c: f"[{c.get('ci', nan2)[0]:.3f}, {c.get('ci', nan2)[1]:.3f}]"  # noqa: E731
     ed, es, sw = s["excess_drop"], s["excess_drop_shuffled"], s["switch_excess"]
     return (
-        f"{s['model']}, {s['n_relations']} relations ({s['config']['method']} fine-tuning, {s['config']['n_random']} random "
+        f"{s['model']}, {s['n_relations']} relations ({s['config']['method']} fine-tuning, "
+        f"{s['config']['n_random']} random "
         f"draws per control). Erasing the original answer (LEACE at the most readable layer before the last, at the "
-        f"subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa {m['probe_before_kappa']:.3f} "
+        "subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa "
+        f"{m['probe_before_kappa']:.3f} "
         f"to {m['probe_after_kappa']:.3f} on those subjects ({m['transfer_after_kappa']:.3f} transferred to held-out "
-        f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} in the fine-tuned model, whose "
+        f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} "
+        "in the fine-tuned model, whose "
         f"earlier blocks moved); it moves the states by {m['moved_leace']:.4f} of their variance, LEACE of shuffled "
-        f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. Held-out "
-        f"generalization kappa: {m['generalization_none']:.3f} without erasure, {m['generalization_random']:.3f} with a random "
-        f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, {m['generalization_leace']:.3f} "
+        f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. "
+        "Held-out "
+        f"generalization kappa: {m['generalization_none']:.3f} without erasure, "
+        f"{m['generalization_random']:.3f} with a random "
+        f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, "
+        f"{m['generalization_leace']:.3f} "
         f"with the answer erased. Excess drop over the random control, mean over relations {ed['mean']:.3f} "
         f"(95% CI {ci(ed)}, sign-flip p = {ed.get('p_sign_flip', np.nan):.2g}; its per-relation CI excludes 0 in "
         f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
         f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
-        f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. Steering held-out subjects from answer "
+        f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. "
+        "Steering held-out subjects from answer "
         f"a toward b along the pretrained class-mean direction switches the fine-tuned model's label to label(b) in "
         f"{m['switch_rate']:.3f} of cases against {m['switch_rate_random']:.3f} for random directions of the same norm "
-        f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); excess {sw['mean']:.3f} (CI {ci(sw)}, "
+        f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); "
+        f"excess {sw['mean']:.3f} (CI {ci(sw)}, "
         f"sign-flip p = {sw.get('p_sign_flip', np.nan):.2g}); vs readability r = {w['r']:.2f} {ci(w)}."
     )

@@ -96,7 +96,8 @@ def qualifying_relations(
                 {
                     **row,
                     "qualifies": False,
-                    "reason": f"{n_kept} answer(s) with at least {rule.min_subjects} subjects (needs {rule.min_answers})",
+                    "reason": f"{n_kept} answer(s) with at least {rule.min_subjects} subjects "
+                    f"(needs {rule.min_answers})",
                 }
             )
             continue

@@ -41,7 +41,8 @@ def write_report(out: str | Path, static: bool = True) -> Path:
     parts, first = [], True
     for name, fig in made["figures"].items():
         parts.append(
-            f"<section><h2>{html.escape(fig.layout.title.text.split('<br>')[0] if fig.layout.title.text else name)}</h2>"
+            "<section><h2>"
+            f"{html.escape(fig.layout.title.text.split('<br>')[0] if fig.layout.title.text else name)}</h2>"
             + fig.to_html(full_html=False, include_plotlyjs=first, config={"displaylogo": False})
             + "</section>"
         )
@@ -83,33 +84,46 @@ def write_report(out: str | Path, static: bool = True) -> Path:
         if untrained
         else ""
     )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Generalization study: {html.escape(summary["model"])}</title>
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Generalization study:
+{html.escape(summary["model"])}</title>
 <style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}
 th{{background:#f3f3f3}}.note{{color:#a00}}section{{margin:2em 0}}</style></head><body>
 <h1>Does knowledge that is linear before fine-tuning generalize after it?</h1>
-<p>Model <b>{html.escape(summary["model"])}</b>, {summary["n_relations"]} relations, methods {", ".join(summary["methods"])}.
-Both readability and generalization are measured as Cohen's kappa (0 = what a guess blind to the subject scores, given the
-answer distribution; 1 = perfect). Pearson r between best-layer readability and held-out generalization ({h["method"]} fine-tuning):
+<p>Model <b>{html.escape(summary["model"])}</b>, {summary["n_relations"]} relations,
+methods {", ".join(summary["methods"])}.
+Both readability and generalization are measured as Cohen's kappa (0 = what a guess blind to the subject scores,
+given the
+answer distribution; 1 = perfect). Pearson r between best-layer readability and held-out generalization
+({h["method"]} fine-tuning):
 <b>{pear.get("r", float("nan")):.3f}</b> (95% CI {pear.get("ci", nan2)[0]:.3f} to {pear.get("ci", nan2)[1]:.3f},
-{html.escape(str(pear.get("ci_method", "")))}); Monte-Carlo p = <b>{pear.get("p_monte_carlo", float("nan")):.3g}</b> against
-{nc["n_sim"]} simulated studies of this design with no generalization beyond chance (permutation p = {pear.get("p_value", float("nan")):.3g}).
-On those simulated studies the Monte-Carlo test rejects at {nc["headline_false_positive_rate"]:.3f} and the permutation test at
+{html.escape(str(pear.get("ci_method", "")))});
+Monte-Carlo p = <b>{pear.get("p_monte_carlo", float("nan")):.3g}</b> against
+{nc["n_sim"]} simulated studies of this design with no generalization beyond chance
+(permutation p = {pear.get("p_value", float("nan")):.3g}).
+On those simulated studies the Monte-Carlo test rejects at {nc["headline_false_positive_rate"]:.3f}
+and the permutation test at
 {nc["headline_permutation_false_positive_rate"]:.3f} (nominal {nc["alpha"]}).</p>
-<p>Secondary: on raw accuracies r = {rawp.get("r", float("nan")):.3f} (permutation p = {rawp.get("p_value", float("nan")):.3g},
-Monte-Carlo p = {rawp.get("p_monte_carlo", float("nan")):.3g}); it is inflated because {html.escape(raw["why_inflated"])}: with no
+<p>Secondary: on raw accuracies r = {rawp.get("r", float("nan")):.3f}
+(permutation p = {rawp.get("p_value", float("nan")):.3g},
+Monte-Carlo p = {rawp.get("p_monte_carlo", float("nan")):.3g});
+it is inflated because {html.escape(raw["why_inflated"])}: with no
 generalization at all its permutation test rejects at {nc["raw_false_positive_rate"]:.3f}.</p>
 <p>Robustness: r from {summary["robustness"]["r_min"]:.3f} to {summary["robustness"]["r_max"]:.3f} over
-{summary["robustness"]["n_settings"]} settings. Error back-mapping ({bm.get("method", "")}, {bm.get("n_errors", 0)} errors on
-{bm.get("n_relations", 0)} informative relations): a wrong label maps back into the probe's top-{summary["config"]["top_k"]} wrong
+{summary["robustness"]["n_settings"]} settings.
+Error back-mapping ({bm.get("method", "")}, {bm.get("n_errors", 0)} errors on
+{bm.get("n_relations", 0)} informative relations):
+a wrong label maps back into the probe's top-{summary["config"]["top_k"]} wrong
 answers {bm.get("probe_ratio", float("nan")):.2f}x as often as a uniformly random wrong answer would
 ({bm.get("probe_ratio_shuffled", float("nan")):.2f}x the shuffled null), into the pretrained model's
-{bm.get("model_ratio", float("nan")):.2f}x ({bm.get("model_ratio_shuffled", float("nan")):.2f}x shuffled; paired Wilcoxon p =
+{bm.get("model_ratio", float("nan")):.2f}x ({bm.get("model_ratio_shuffled", float("nan")):.2f}x shuffled;
+paired Wilcoxon p =
 {bm.get("wilcoxon_p", float("nan")):.3g}).</p>
 {warn}{note}
 {"".join(parts)}
 <section><h2>Null calibration</h2>{null.to_html(index=False, float_format=lambda v: f"{v:.4g}")}</section>
-<section><h2>Error back-mapping (wrong answers only, against a uniformly random wrong answer)</h2>{backmap.to_html(index=False, float_format=lambda v: f"{v:.3g}")}</section>
+<section><h2>Error back-mapping (wrong answers only,
+against a uniformly random wrong answer)</h2>{backmap.to_html(index=False, float_format=lambda v: f"{v:.3g}")}</section>
 <section><h2>Robustness</h2>{rob.to_html(index=False, float_format=lambda v: f"{v:.3f}")}</section>
 <section><h2>Statistics</h2>{stats.to_html(index=False, float_format=lambda v: f"{v:.4g}")}</section>
 <section><h2>Relations</h2>{rel[cols].to_html(index=False, float_format=lambda v: f"{v:.3f}")}</section>

@@ -114,7 +114,8 @@ def make_study(
         if len(rels) < min_relations:
             raise StudyConfigError(
                 [
-                    f"{len(rels)} relation(s) support the relabelling design (needs {min_relations}): {'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"
+                    f"{len(rels)} relation(s) support the relabelling design (needs {min_relations}): "
+                    f"{'; '.join(f'{r.relation}: {r.reason}' for r in qualification.itertuples() if not r.qualifies)}"
                 ]
             )
         study_labels = labels or REAL_LABELS

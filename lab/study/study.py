@@ -473,7 +473,8 @@ def _differences(old: dict, new: dict) -> list[str]:
     out = []
     if old.get("fingerprint") != new["fingerprint"] or old.get("model") != new["model"]:
         out.append(
-            f"model {old.get('model')!r} (weights {old.get('fingerprint')}) vs {new['model']!r} (weights {new['fingerprint']})"
+            f"model {old.get('model')!r} (weights {old.get('fingerprint')}) "
+            f"vs {new['model']!r} (weights {new['fingerprint']})"
         )
     if old.get("config") != new["config"]:
         oc, nc = old.get("config") or {}, new["config"]

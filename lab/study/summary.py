@@ -273,7 +273,8 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
             "predictor": RAW[0],
             "outcome": RAW[1],
             **analyses(*RAW),
-            "why_inflated": "raw accuracies share chance levels: with fewer or more lopsided answers a blind guess scores "
+            "why_inflated": "raw accuracies share chance levels: with fewer or more lopsided answers "
+            "a blind guess scores "
             "higher and readability is higher too, so raw accuracies correlate even with no generalization",
         },
         "robustness": {

@@ -72,7 +72,8 @@ def _config_problems(study) -> list[str]:
             out.append(f"{name} {tuple(v)!r}: give at least one seed, each once")
     if c.n_finetune is not None and c.n_finetune < 1:
         out.append(
-            f"n_finetune={c.n_finetune}: fine-tuning subjects per answer must be at least 1 (or None for the budget design)"
+            f"n_finetune={c.n_finetune}: fine-tuning subjects per answer must be at least 1 "
+            "(or None for the budget design)"
         )
     lo, hi = c.finetune_budget
     if not 2 <= lo <= hi:

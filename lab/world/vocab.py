@@ -20,7 +20,8 @@ LABELS: dict[str, tuple[str, ...]] = {
         "rabbit turtle donkey goose pigeon squirrel".split()
     ),
     "colours": tuple(
-        "red blue green yellow purple orange brown black white grey pink violet teal amber crimson indigo maroon olive".split()
+        "red blue green yellow purple orange brown black white grey pink violet teal amber crimson "
+        "indigo maroon olive".split()
     ),
     "fruits": tuple(
         "apple banana cherry mango peach pear plum grape lemon lime melon kiwi papaya guava apricot "
