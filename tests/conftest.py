@@ -66,3 +66,17 @@ def finished_study(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("study")
     return out, run_study("world", STUDY_RELATIONS, out=out, config=SMALL_STUDY, progress=False)
+
+
+# the fast tier ------------------------------------------------------------------------------------
+# `python -m pytest -m "not slow"` (CONTRIBUTING.md) skips what trains, runs a study end to end or
+# takes more than ~10 s; CI runs everything. Tests are marked slow with @pytest.mark.slow, or here
+# when they need a fixture that does such work, and every tutorial (each runs a notebook end to end).
+HEAVY_FIXTURES = {"finished_study", "finished", "serial_study", "ray_cluster", "encoder_study"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        notebook = str(getattr(item, "path", "")).endswith(".ipynb")
+        if notebook or HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

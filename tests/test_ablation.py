@@ -62,6 +62,7 @@ def test_bad_variants_are_refused_before_any_training(tmp_path):
     assert not (tmp_path / "variants").exists()
 
 
+@pytest.mark.slow
 def test_ablation_table_and_resume(tmp_path):
     variants = [
         Variant("baseline", "recipe"),

@@ -409,6 +409,7 @@ def test_relation_circuit_before_and_after(tmp_path):
     assert {"relation_before.png", "faithfulness_before.png", "faithfulness_after.png"} <= {p.name for p in written}
 
 
+@pytest.mark.slow
 def test_cli_induction_and_figures(tmp_path):
     import json
 

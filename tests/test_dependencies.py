@@ -108,3 +108,14 @@ def test_the_check_catches_an_undeclared_import(tmp_path):
     problems = undeclared(tmp_path)
     assert len(problems) == 1 and problems[0].startswith("hypothesis"), problems
     assert "numpy" in declared_distributions(tmp_path / "pyproject.toml")
+
+
+def _bash_blocks(path: Path) -> list[str]:
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S)]
+
+
+def test_the_set_up_commands_are_the_same_in_readme_and_the_docs():
+    """README's two commands are CI's; the docs' set-up page must not drift from them."""
+    readme, docs = _bash_blocks(ROOT / "README.md")[:2], _bash_blocks(ROOT / "docs" / "index.md")[:2]
+    assert docs == readme
+    assert all(b.startswith("python3 -m venv .venv") or "&& python3 -m venv .venv" in b for b in readme)

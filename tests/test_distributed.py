@@ -71,6 +71,7 @@ def test_ray_study_equals_serial(ray_cluster, serial_study, tmp_path):
     _assert_same(_tables(serial_study), _tables(tmp_path))
 
 
+@pytest.mark.slow
 def test_the_thread_count_changes_only_the_last_digits_of_losses(serial_study, tmp_path):
     """Same commit, same machine, another thread count: float reductions change order, so the
     fine-tunes' losses may differ in the last digits (measured: 6e-7); every prediction, label and
@@ -218,6 +219,7 @@ def test_out_of_core_sweep_stays_under_a_memory_cap(tmp_path):
 
 
 # --- remote models ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_remote_capture_reaches_the_ndif_request(tmp_path):
     import os
     import shutil

@@ -147,6 +147,7 @@ def _relations():
     return [by_name[n] for n in SMALL_RELATIONS]
 
 
+@pytest.mark.slow
 def test_encoder_study_end_to_end_and_resumable(tiny_bert_dir, tmp_path):
     cfg = _encoder_config()
     partial = run_study(str(tiny_bert_dir), _relations(), out=tmp_path / "a", config=cfg, progress=False, max_jobs=4)
@@ -182,6 +183,7 @@ def test_minilm_is_a_registered_name():
     assert "minilm" in interp.registered_models()
 
 
+@pytest.mark.slow
 def test_interventions_run_on_an_encoder(tiny_bert_dir, tmp_path):
     """Erasure and steering through the masked slot: states read with the slot, subject found
     before '[MASK] [SEP]', every arm fine-tuned and scored."""

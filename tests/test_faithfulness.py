@@ -160,6 +160,7 @@ def induction():
     return model, pairs, known
 
 
+@pytest.mark.slow
 def test_faithfulness_recovers_the_induction_circuit(induction):
     from lab.experiments.induction import induction_metric
 

@@ -19,6 +19,7 @@ def _pdf_size(path) -> tuple[float, float]:
     return x1 - x0, y1 - y0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", list(SIZES))
 def test_static_exports_have_the_requested_size(tmp_path, size):
     from PIL import Image
@@ -37,6 +38,7 @@ def test_static_exports_have_the_requested_size(tmp_path, size):
     assert "plotly" in paths[".html"].read_text()[:5000].lower()
 
 
+@pytest.mark.slow
 def test_regenerate_every_figure_of_a_results_folder(tmp_path):
     from typer.testing import CliRunner
 

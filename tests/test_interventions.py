@@ -116,6 +116,7 @@ def _tiny_study_config():
 TINY_LABELS = {"animals": ("city", "country", "capital", "born", "part"), "vehicles": ("the", "a", "of", "on", "at")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
     model = _tiny(backend)
@@ -138,6 +139,7 @@ def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
 WORLD_RELATIONS = ["continent", "hand", "season", "diet"]
 
 
+@pytest.mark.slow
 def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tmp_path, monkeypatch):
     seen = []
     fit = iv.fit_erasers

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tqdm.auto import tqdm
 
 from interp.progress import LogProgress, progress_bar
@@ -33,6 +34,7 @@ def test_progress_false_is_silent_and_true_is_a_bar(caplog, monkeypatch):
     assert isinstance(progress_bar(range(3), desc="x", threshold=5), tqdm)  # too small for progress
 
 
+@pytest.mark.slow
 def test_the_command_line_logs_progress_when_its_output_is_a_file(tmp_path):
     """`interp world report > log 2>&1` used to print nothing for its whole run."""
     log = tmp_path / "run.log"

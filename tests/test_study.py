@@ -198,6 +198,7 @@ def test_small_study_outputs_are_consistent(finished):
     assert (out / "figures" / "scatter_full.html").exists() and (out / "figures" / "null_calibration.html").exists()
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_and_resume(finished, tmp_path):
     out, _ = finished
     partial_run = run_study("world", RELATIONS, out=tmp_path, config=SMALL, progress=False, max_jobs=5)
@@ -218,6 +219,7 @@ def test_a_different_study_in_the_same_folder_is_refused(finished):
         run_study("world", RELATIONS[:3] + ["month"], out=out, config=SMALL, progress=False)
 
 
+@pytest.mark.slow
 def test_causal_test_end_to_end_on_a_tiny_world(tmp_path):
     from lab.study.causal import causal_test, without_augmentation
     from lab.world import RelationSpec, TrainConfig, WorldSpec
@@ -312,6 +314,7 @@ def test_both_worlds_of_the_default_causal_test_are_shipped():
         assert (path / "model.safetensors").stat().st_size < 25e6
 
 
+@pytest.mark.slow
 def test_null_and_findings_commands_rebuild_from_saved_tables(finished, tmp_path):
     import shutil
 

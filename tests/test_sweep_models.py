@@ -13,6 +13,7 @@ def world_relations():
     return from_world(load_world(), ["city", "continent", "hand"])
 
 
+@pytest.mark.slow
 def test_world_sweep_agrees_across_backends(world_relations):
     tables = {}
     for b in ("transformer_lens", "nnsight"):
@@ -24,6 +25,7 @@ def test_world_sweep_agrees_across_backends(world_relations):
     assert (a.accuracy - b.accuracy).abs().max() <= 0.01
 
 
+@pytest.mark.slow
 def test_minilm_sweep_over_layers_on_lre_relations(minilm_dir):
     relations = load_relations(
         [lre_dir() / "factual" / "person_plays_pro_sport.json", lre_dir() / "linguistic" / "word_first_letter.json"]
