@@ -446,3 +446,28 @@ def test_other_metrics(model_dirs, metric):
         assert 0 < corrupted < clean < 1 or 0 < clean < corrupted < 1
     restored = df[df.position == 0].score.item()  # the differing token: patching it restores the clean run
     assert restored == pytest.approx(clean, abs=1e-5)
+
+
+def test_relation_pairs_pair_equal_lengths_with_different_answers():
+    import pandas as pd
+
+    from lab.experiments.circuit_findings import reading
+    from lab.experiments.relation_circuit import relation_pairs
+    from lab.world import from_world, load_world
+
+    model = interp.load_model("world")
+    (rel,) = from_world(load_world(), ["country"])
+    prompts = [p.text for p in rel.prompts()]
+    pairs = relation_pairs(model, prompts, rel.answers, n=6, seed=0)
+    assert len(pairs) == 6
+    assert (pairs.clean.attention_mask.sum(-1) == pairs.corrupted.attention_mask.sum(-1)).all()
+    assert (pairs.answer != pairs.wrong).all()
+    assert relation_pairs(model, prompts, rel.answers, n=6, seed=0).answer.tolist() == pairs.answer.tolist()
+    with pytest.raises(ValueError, match="no two prompts of equal token length"):
+        relation_pairs(model, prompts[:1], rel.answers[:1], n=2)
+    # the findings page's reading guide states the settings the saved tables were made with
+    stats, curve = pd.DataFrame(), pd.DataFrame()
+    stats.attrs.update(confidence=0.9, n_resamples=500, n_permutations=2000)
+    curve.attrs.update(ablation="mean")
+    text = reading(stats, curve)
+    assert "a 90%" in text and "500 resamples" in text and "2000" in text and "mean value" in text

@@ -189,7 +189,6 @@ def test_lre_bad_layer(model_dirs):
         LinearRelationalEmbedding(model, layer=1).fit(rel, [0, 1])
 
 
-@pytest.mark.slow
 def test_grokking_runs_resume_and_track(tmp_path):
     from dataclasses import replace
 

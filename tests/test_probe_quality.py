@@ -130,3 +130,14 @@ def test_compare_predictors_on_a_finished_study(finished_study, tmp_path):
             assert row.diff_ci_low <= row.diff_ci_high
     cached = compare_predictors(out, n_boot=200, n_perm=200)  # second call: from predictors.csv, no model
     np.testing.assert_allclose(cached.pearson_r.to_numpy(), table.pearson_r.to_numpy(), rtol=1e-9)
+
+
+def test_compare_predictors_says_what_it_needs_before_any_work(tmp_path):
+    """No cached predictors and no model: a clear error naming the missing file and the fix."""
+    import pandas as pd
+
+    from lab.study.predictors import compare_predictors
+
+    pd.DataFrame({"relation": ["a", "b"], "readability_kappa": [0.1, 0.2]}).to_csv(tmp_path / "relations.csv")
+    with pytest.raises(ValueError, match=r"predictors\.csv does not exist yet: pass the study's model and relations"):
+        compare_predictors(tmp_path)

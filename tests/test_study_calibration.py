@@ -46,6 +46,7 @@ def test_the_budget_design_decouples_finetuning_subjects_from_answers():
     )
 
 
+@pytest.mark.slow
 def test_our_permutation_p_matches_scipy():
     rng = np.random.default_rng(2)
     x = rng.normal(size=15)
