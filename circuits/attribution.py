@@ -299,57 +299,84 @@ class AttributionPatching:
     def _receiver_inputs(
         self, part, target, src_embed, alpha, g: dict[str, Tensor], receivers: list[Receiver]
     ) -> Tensor:
-        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: ``[R, n, pos, d_model]``."""
+        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: ``[R, n, pos, d_model]``.
+
+        One forward pass serves every layer: the residual entering each receiver's layer (and
+        between attention and MLP) is replaced by a detached leaf of the same value, which cuts
+        the graph into per-layer pieces, so each receiver's input gradient is a backward through
+        its own layer's norm and projection only. The receivers that read one site (the heads'
+        q, k or v of a layer) go through that backward together, one batched call
+        (``is_grads_batched``); heads sharing a key/value group under grouped-query attention
+        share one slot and so one gradient."""
         model = self.model
         out: list[Tensor | None] = [None] * len(receivers)
-        by_layer: dict[int, list[int]] = {}
+        parallel = has_parallel_blocks(model)
+        leaves: dict[str, Tensor] = {}
+        acts: dict[str, Tensor] = {}
+
+        def to_leaf(name):
+            def fn(act):
+                x = act.detach().clone().requires_grad_(True)
+                leaves[name] = x
+                return x
+
+            return fn
+
+        def keep(name):
+            def fn(act):
+                acts[name] = act
+
+            return fn
+
+        by_site: dict[str, list[int]] = {}
+        hooks = {}
         for j, r in enumerate(receivers):
             if r.kind == "logits":
                 out[j] = g[receiver_site(model, r)]
-            else:
-                by_layer.setdefault(r.layer, []).append(j)
-        parallel = has_parallel_blocks(model)
-        for layer, idx in by_layer.items():
-            leaves: dict[str, Tensor] = {}
-            acts: dict[str, Tensor] = {}
-            pre, mid = site("resid_pre", layer), site("resid_mid", layer)
-
-            def to_leaf(name):
-                def fn(act):
-                    x = act.detach().clone().requires_grad_(True)
-                    leaves[name] = x
-                    return x
-
-                return fn
-
-            def keep(name):
-                def fn(act):
-                    acts[name] = act
-
-                return fn
-
-            hooks = {pre: to_leaf(pre)}
+                continue
+            by_site.setdefault(receiver_site(model, r), []).append(j)
+            hooks[site("resid_pre", r.layer)] = to_leaf(site("resid_pre", r.layer))
             if not parallel:
-                hooks[mid] = to_leaf(mid)
-            if alpha:
-                hooks[site("embed")] = self._embed_hook(src_embed, alpha)
-            for j in idx:
-                hooks.setdefault(receiver_site(model, receivers[j]), keep(receiver_site(model, receivers[j])))
-            with torch.enable_grad():
-                model.run(target, hooks)
+                hooks[site("resid_mid", r.layer)] = to_leaf(site("resid_mid", r.layer))
+        if not by_site:
+            return torch.stack(out)
+        if alpha:
+            hooks[site("embed")] = self._embed_hook(src_embed, alpha)
+        for name in by_site:
+            hooks.setdefault(name, keep(name))
+        with torch.enable_grad():
+            model.run(target, hooks, stop_early=True)
+            for name, idx in by_site.items():
+                first = receivers[idx[0]]
+                leaf = leaves[site("resid_pre" if (first.kind == "head" or parallel) else "resid_mid", first.layer)]
+                grad_out = g[name]
+                if first.kind != "head":
+                    for j in idx:
+                        (out[j],) = torch.autograd.grad(acts[name], leaf, grad_outputs=grad_out, retain_graph=True)
+                    continue
+                slots = sorted({receivers[j].head * acts[name].shape[2] // model.n_heads for j in idx})
+                masked = torch.zeros(
+                    (len(slots),) + tuple(grad_out.shape), dtype=grad_out.dtype, device=grad_out.device
+                )
+                for k, h in enumerate(slots):
+                    masked[k, :, :, h] = grad_out[:, :, h]
+                per_slot = _batched_input_grads(acts[name], leaf, masked)
                 for j in idx:
-                    r = receivers[j]
-                    name = receiver_site(model, r)
-                    grad_out = g[name]
-                    if r.kind == "head":
-                        h = r.head * acts[name].shape[2] // model.n_heads
-                        masked = torch.zeros_like(grad_out)
-                        masked[:, :, h] = grad_out[:, :, h]
-                        grad_out = masked
-                    leaf = leaves[pre] if (r.kind == "head" or parallel) else leaves[mid]
-                    (gx,) = torch.autograd.grad(acts[name], leaf, grad_outputs=grad_out, retain_graph=True)
-                    out[j] = gx.detach()
-        return torch.stack(out)
+                    out[j] = per_slot[slots.index(receivers[j].head * acts[name].shape[2] // model.n_heads)]
+        return torch.stack([o.detach() for o in out])
+
+
+def _batched_input_grads(output: Tensor, leaf: Tensor, grad_outputs: Tensor) -> Tensor:
+    """``[m, ...leaf]``: the vector-Jacobian product of ``output`` with each of the ``m`` rows of
+    ``grad_outputs``, in one vmapped backward (a loop where an operation has no batching rule)."""
+    try:
+        (grads,) = torch.autograd.grad(
+            output, leaf, grad_outputs=grad_outputs, retain_graph=True, is_grads_batched=True
+        )
+        return grads
+    except RuntimeError:
+        rows = [torch.autograd.grad(output, leaf, grad_outputs=go, retain_graph=True)[0] for go in grad_outputs]
+        return torch.stack(rows)
 
 
 def _node_row(node: Node, position, score: float) -> dict:

@@ -58,6 +58,10 @@ from .statistics import as_uncertainty, attach, check_memory
 Tensor = torch.Tensor
 
 
+def _logits_only(group: tuple[Receiver, ...]) -> bool:
+    return len(group) == 1 and group[0].kind == "logits"
+
+
 def receiver_site(model, r: Receiver) -> str:
     if r.kind == "head":
         return site(r.input, r.layer)
@@ -183,8 +187,18 @@ class PathPatching:
             k_max = chunk_size(self.batch_size, len(part))
             for i in range(0, len(senders), k_max):
                 chunk = senders[i : i + k_max]
-                recorded = self._step2(part, target, tgt, src, chunk)
+                recorded, logits = self._step2(part, target, tgt, src, chunk)
                 rows = [(k, g) for k, s in enumerate(chunk) for g in self.groups_ if (s, g) in sums]
+                if any(_logits_only(g) for _, g in rows):
+                    # the logits read the final residual, which step 2 has just computed: its own
+                    # logits are what step 3 would give, with no second forward pass
+                    direct = blocks(logits, part, self.metric_, len(chunk))  # [K, n]
+                    for k, g in rows:
+                        if _logits_only(g):
+                            sums[(chunk[k], g)] += float(direct[k].sum())
+                            if self.uncertainty_ is not None:
+                                kept[(chunk[k], g)].append(direct[k].float().cpu())
+                    rows = [(k, g) for k, g in rows if not _logits_only(g)]
                 for j in range(0, len(rows), k_max):
                     sub = rows[j : j + k_max]
                     scores = self._step3(part, target, recorded, sub, len(chunk))
@@ -249,9 +263,9 @@ class PathPatching:
         return m
 
     @torch.no_grad()
-    def _step2(self, part: Pairs, target, tgt: dict, src: dict, chunk: list[Node]) -> dict[str, Tensor]:
+    def _step2(self, part: Pairs, target, tgt: dict, src: dict, chunk: list[Node]) -> tuple[dict[str, Tensor], Tensor]:
         """Run the target with all heads (and frozen MLPs) at target values but the senders; record
-        every receiver site. Returns site -> ``[K * n, ...]``."""
+        every receiver site. Returns site -> ``[K * n, ...]``, and the run's logits."""
         k, n, model = len(chunk), len(part), self.model
         pos = self._pos_mask(part.n_pos)
         want = {receiver_site(model, r) for g in self.groups_ for r in g}
@@ -305,8 +319,8 @@ class PathPatching:
                 recorded[name] = act.detach().clone()
 
             hooks[name] = record
-        model.run(tile_batch(target, k), hooks)
-        return recorded
+        logits = model.run(tile_batch(target, k), hooks)
+        return recorded, logits
 
     @torch.no_grad()
     def _step3(self, part: Pairs, target, recorded: dict, rows: list[tuple], k_chunk: int) -> Tensor:

@@ -154,15 +154,25 @@ class Model:
         side = padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
         return pad(encoded, self.pad_token_id, side)
 
-    def run(self, inputs, hooks: Mapping[str, HookFn] | None = None, padding_side: str | None = None) -> torch.Tensor:
+    def run(
+        self,
+        inputs,
+        hooks: Mapping[str, HookFn] | None = None,
+        padding_side: str | None = None,
+        stop_early: bool = False,
+    ) -> torch.Tensor | None:
         """Forward pass with ``hooks`` (site -> function of the activation returning ``None`` to
-        read or a tensor to write). ``inputs``: prompts, or a :class:`~interp.tokens.Batch`."""
+        read or a tensor to write). ``inputs``: prompts, or a :class:`~interp.tokens.Batch`.
+        ``stop_early=True`` (for callers that only read the hooked sites, such as
+        :func:`~interp.capture`): the pass stops after the block of the last hooked site and
+        returns None; a pass that needs every block runs to the end and returns the logits."""
         batch = self._on_device(inputs, padding_side)
         if hooks:
             self.check_sites(list(hooks))
-        return self.backend.run(
-            batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, hooks)
-        )
+        hooks = self._with_standing(batch, hooks)
+        if stop_early and self.backend.stop_layer(hooks) is not None:
+            return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, hooks, stop_early=True)
+        return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, hooks)
 
     def forward(self, inputs, padding_side: str | None = None) -> Float[torch.Tensor, "batch pos vocab"]:
         """Logits of a forward pass (with this handle's standing interventions, if any; no other
@@ -303,7 +313,7 @@ class Model:
 # loading ---------------------------------------------------------------------------------------
 def load_model(
     spec: Any,
-    backend: str = DEFAULT_BACKEND,
+    backend: str | None = None,
     *,
     tokenizer=None,
     device: str | torch.device | None = None,
@@ -311,14 +321,17 @@ def load_model(
     name: str | None = None,
     remote: bool = False,
 ) -> Model:
-    """Load a model behind ``backend`` (``"nnsight"``, the default, or ``"transformer_lens"``);
-    see the module docstring for what ``spec`` may be. Each backend says which in-memory objects
-    it accepts; names and directories are resolved here and read by the backend.
+    """Load a model behind ``backend`` (``"nnsight"`` or ``"transformer_lens"``); see the module
+    docstring for what ``spec`` may be. Each backend says which in-memory objects it accepts;
+    names and directories are resolved here and read by the backend. With no ``backend``: the
+    backend whose own object ``spec`` is (a ``TransformerBridge`` -> ``"transformer_lens"``, a
+    handle -> its backend), otherwise :data:`DEFAULT_BACKEND` (see :func:`default_backend_for`).
 
     ``remote=True`` (nnsight only): ``spec`` is a hub name of a model NDIF hosts; only its
     config and tokenizer are loaded here (weights stay on the meta device) and every forward pass
     (capture, patching, ...) runs remotely (set your key with ``nnsight.CONFIG.set_default_api_key``).
     """
+    backend = backend or default_backend_for(spec)
     cls = backend_class(backend)
     if remote:
         if backend != "nnsight":
@@ -360,6 +373,17 @@ def load_model(
         f"({', '.join(registered_models()) or 'none'}), a local directory, a hub name, or "
         f"{cls.accepts_description}"
     )
+
+
+def default_backend_for(spec: Any) -> str:
+    """The backend :func:`load_model` uses for ``spec`` when none is named: a handle's own, the
+    backend that owns the object (``Backend.owns``), else :data:`DEFAULT_BACKEND`."""
+    if isinstance(spec, Model):
+        return spec.backend_name
+    for name in BACKENDS:
+        if backend_class(name).owns(spec):
+            return name
+    return DEFAULT_BACKEND
 
 
 #: model names -> a function returning the model's local directory. The foundation knows no

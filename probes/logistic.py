@@ -71,6 +71,7 @@ def fit_logistic(
     dtype: torch.dtype = torch.float32,
     standardize: bool = False,
     precondition: bool = True,
+    reduce: bool | None = None,
 ) -> LogisticFit:
     """Fit ``G * K`` L2 multinomial logistic regressions at once (see module docstring).
 
@@ -79,7 +80,9 @@ def fit_logistic(
     axis when every group has the same tasks. Runs on ``X``'s device. ``tol``: stop a problem
     when the largest absolute gradient entry of its (mean-scaled) objective is below ``tol``.
     Returned coefficients act on the raw (unstandardized) features. ``precondition``: use the
-    curvature preconditioner (changes the path, not the optimum).
+    curvature preconditioner (changes the path, not the optimum). ``reduce``: solve each problem
+    in the span of its training rows (see :func:`_fit_in_training_span`; same optimum); default:
+    when there are many more features than rows (``d > 512`` and ``d >= 2 n``).
     """
     if X.dim() == 2:
         X = X[None]
@@ -104,6 +107,12 @@ def fit_logistic(
     n_train = train.sum(-1).to(dtype)  # [G, K]
     if (n_train == 0).any():
         raise ValueError("a probe has no training samples")
+    if reduce is None:
+        reduce = d > 512 and d >= 2 * n
+    if reduce:
+        return _fit_in_training_span(
+            X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, precondition
+        )
     C_eff = torch.where(n_classes == 2, C / 2.0, C).to(dtype)
     W = {}  # the working set: every per-group tensor, sliced together when groups finish
     W["lam"] = 1.0 / (C_eff * n_train)  # [G, K]
@@ -241,6 +250,55 @@ def fit_logistic(
         W["scale"], W["shift"] = _scaling(train.to(dtype) / n_train[..., None], X)
     theta = effective(out_theta).masked_fill(pad[:, :, None, :], 0.0)
     return LogisticFit(theta[:, :, :-1, :], theta[:, :, -1, :], out_iter, out_grad <= tol)
+
+
+def _fit_in_training_span(X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, precondition):
+    """The same fits with each problem's features projected onto the span of its training rows.
+
+    With an L2 penalty the optimum lies in the row space of the (standardized) training features:
+    at the optimum ``lam W = -X_train^T (P - Y) / n``. So with ``V`` an orthonormal basis of that
+    row space (``[d, r]``, ``r <= n``), ``W = V B`` and ``||W|| = ||B||``, and the problem in the
+    ``r`` features ``Z = X V`` has the same objective, the same optimum and the same predictions.
+    When ``d`` is large and ``n`` small (a hidden state of a real model, a few hundred subjects),
+    every solver step then costs ``n`` instead of ``d`` per row, and the preconditioner factorizes
+    an ``n x n`` matrix instead of ``d x d``. ``V`` comes from the eigendecomposition of the
+    training Gram matrix ``X_train X_train^T`` (directions with eigenvalue below ``1e-10`` of the
+    largest are dropped: zero columns, whose coefficients the penalty keeps at zero)."""
+    G, n, d = X.shape
+    K = y.shape[1]
+    weight = train.to(dtype) / train.sum(-1, keepdim=True).to(dtype)
+    if standardize:
+        scale, shift = _scaling(weight, X)  # [G, K, d]
+        Xs = X[:, None] * scale[:, :, None, :] - shift[:, :, None, :]  # [G, K, n, d]
+    else:
+        Xs = X[:, None].expand(G, K, n, d)
+    Xtr = (Xs * train[..., None].to(dtype)).double()
+    evals, U = torch.linalg.eigh(Xtr @ Xtr.transpose(-1, -2))  # [G, K, n], [G, K, n, n]
+    kept = evals > 1e-10 * evals.amax(-1, keepdim=True).clamp(min=1e-300)
+    inv_sqrt = torch.where(kept, evals.clamp(min=1e-300).rsqrt(), torch.zeros_like(evals))
+    V = (Xtr.transpose(-1, -2) @ U * inv_sqrt[..., None, :]).to(dtype)  # [G, K, d, n], orthonormal columns
+    Z = (Xs @ V).reshape(G * K, n, n)
+    fit = fit_logistic(
+        Z,
+        y.reshape(G * K, 1, n),
+        train.reshape(G * K, 1, n),
+        n_classes.reshape(G * K, 1),
+        C=C,
+        max_iter=max_iter,
+        tol=tol,
+        history=history,
+        dtype=dtype,
+        standardize=False,
+        precondition=precondition,
+        reduce=False,
+    )
+    c = fit.coef.shape[-1]
+    w_std = V @ fit.coef.reshape(G, K, n, c)  # [G, K, d, c], on standardized features
+    b = fit.intercept.reshape(G, K, c)
+    if standardize:  # back to raw features: x~ = x * scale - shift
+        b = b - torch.einsum("gkd,gkdc->gkc", shift, w_std)
+        w_std = w_std * scale[..., None]
+    return LogisticFit(w_std, b, fit.n_iter.reshape(G, K), fit.converged.reshape(G, K))
 
 
 def _scaling(weight: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:

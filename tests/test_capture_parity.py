@@ -102,3 +102,43 @@ def test_minilm_through_both_backends(minilm_dir):
         # subject_last of "Paris ..." is token 1 ([CLS] paris ...); of "The Nile" token 2
         torch.testing.assert_close(b[s][0], hs[l + 1][0, 1], atol=1e-5, rtol=0)
         torch.testing.assert_close(b[s][1], hs[l + 1][1, 2], atol=1e-5, rtol=0)
+
+
+def _blocks(model) -> torch.nn.ModuleList:
+    backend = model.backend
+    if model.backend_name == "transformer_lens":
+        return backend.bridge.blocks
+    return backend.hf_model.get_submodule(backend._base + backend.arch.layers)
+
+
+def _attention(block: torch.nn.Module) -> torch.nn.Module:
+    return next(m for name, m in block.named_children() if "att" in name)  # attn, self_attn, attention
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama_gqa", "bert"])
+def test_capture_stops_after_the_last_requested_block(model_dirs, backend, family):
+    """Capturing early sites runs only the blocks up to them, with the same values as a full pass.
+    A block counts as run when its attention runs (TransformerLens stops at the entry of the first
+    block it skips, nnsight inside the output of the last block it runs)."""
+    model = interp.load_model(model_dirs[family], backend=backend)
+    blocks = _blocks(model)
+    assert len(blocks) == model.n_layers >= 2
+    calls = [0] * len(blocks)
+    handles = [
+        _attention(b).register_forward_pre_hook(lambda m, i, k=k: calls.__setitem__(k, calls[k] + 1))
+        for k, b in enumerate(blocks)
+    ]
+    try:
+        early = ["hook_embed", "blocks.0.hook_resid_post"]
+        early = [s for s in early if s in model.sites]
+        stopped = interp.capture(model, PROMPTS, sites=early, positions="all", batch_size=8)
+        assert calls[0] == 1 and calls[1:] == [0] * (len(blocks) - 1), calls
+        full = interp.capture(model, PROMPTS, sites=early + [model.resid_site(model.n_layers - 1)], positions="all")
+        assert calls[-1] == 1  # a site in the last block needs the whole pass
+    finally:
+        for h in handles:
+            h.remove()
+    for s in early:
+        assert torch.equal(stopped[s], full[s]), s
+    # a pass that writes and reads the logits is never stopped
+    assert model.run(PROMPTS, {"blocks.0.hook_resid_post": lambda a: a}) is not None

@@ -55,6 +55,57 @@ def test_boot_native_from_config():
         interp.load_model(cfg, backend="nnsight")
 
 
+def _native_bridge():
+    from transformer_lens.config import TransformerBridgeConfig
+
+    from interp.backends.transformer_lens import TransformerLensBackend
+
+    cfg = TransformerBridgeConfig(
+        d_model=32, d_head=8, n_layers=2, n_ctx=32, n_heads=4, d_vocab=len(word_tokenizer()), d_mlp=64, act_fn="gelu"
+    )
+    cfg.seed = 0
+    backend, _, _ = TransformerLensBackend.load(cfg, tokenizer=word_tokenizer())
+    return backend.bridge
+
+
+def test_a_bridge_loads_through_its_own_backend_without_naming_it():
+    """A TransformerBridge is TransformerLens' own object: no backend= needed, none guessed wrong."""
+    bridge = _native_bridge()
+    model = interp.load_model(bridge, tokenizer=word_tokenizer())
+    assert model.backend_name == "transformer_lens" and model.backend.bridge is bridge
+    assert interp.load_model(model) is model  # a handle keeps its backend
+    hf, tok = build("gpt2")
+    assert interp.load_model(hf, tokenizer=tok).backend_name == interp.DEFAULT_BACKEND
+    with pytest.raises(ValueError, match="rewritten the HuggingFace model"):  # asked for explicitly: refused
+        interp.load_model(bridge, backend="nnsight", tokenizer=word_tokenizer())
+
+
+def test_edge_attribution_and_faithfulness_on_a_native_model():
+    """A native bridge has no HuggingFace layers: W_O comes from the bridge, and it is the W_O
+    the model uses (attn_out = z W_O + b_O); EAP edges and faithfulness then run as on any model."""
+    from circuits import AttributionPatching, Faithfulness, make_pairs
+
+    model = interp.load_model(_native_bridge(), tokenizer=word_tokenizer())
+    z, out = "blocks.1.attn.hook_z", "blocks.1.hook_attn_out"
+    acts = interp.capture(model, PROMPTS, sites=[z, out], positions="all")
+    w_o = model.head_output_weights(1)
+    assert w_o.shape == (model.n_heads, model.d_head, model.d_model)
+    b_o = model.backend.bridge.blocks[1].attn.b_O.detach()
+    rebuilt = torch.einsum("nphe,hed->npd", acts[z], w_o) + b_o
+    mask = acts.mask[..., None]
+    torch.testing.assert_close(rebuilt * mask, acts[out] * mask, atol=1e-5, rtol=0)
+    pairs = make_pairs(
+        model, ["the capital of France is", "Mira was born in"], ["the capital of Spain is", "Vorn was born in"],
+        answer=["Paris", "Tokyo"], wrong=["Madrid", "Paris"],
+    )  # fmt: skip
+    edges = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+    assert len(edges) > 0 and edges.score.abs().sum() > 0
+    curve = Faithfulness(model, "logit_diff", fractions=(0.1, 1.0), n_random=2, progress=False).run(
+        pairs, {"EAP": edges}
+    )
+    assert {"EAP"} <= set(curve.method)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama", "bert"])
 def test_writes_agree_across_backends(model_dirs, family):
     """Zero-ablate one head's z and double the layer-0 MLP output: same logits on both backends."""

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ..architectures import architecture_for
-from ..sites import site_name
+from ..sites import parse_site, site_name
 from ..trainable import LoraSpec
 
 Tensor = torch.Tensor
@@ -49,6 +49,12 @@ class Backend(ABC):
         """Whether :meth:`load` can build this backend from the in-memory object ``spec``."""
 
     @classmethod
+    def owns(cls, spec) -> bool:
+        """Whether ``spec`` is this backend's own kind of object (a ``TransformerBridge`` for
+        TransformerLens), which :func:`interp.load_model` then loads here when no backend is named."""
+        return False
+
+    @classmethod
     @abstractmethod
     def load(cls, spec, tokenizer=None, device=None, dtype=None) -> tuple[Backend, object, str]:
         """``(backend, tokenizer, default name)`` for an in-memory object :meth:`accepts`."""
@@ -75,9 +81,22 @@ class Backend(ABC):
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         position_ids: Int[Tensor, "batch pos"] | None = None,
         hooks: Mapping[str, HookFn] | None = None,
-    ) -> Float[Tensor, "batch pos vocab"]:
+        stop_early: bool = False,
+    ) -> Float[Tensor, "batch pos vocab"] | None:
         """Forward pass with ``hooks`` attached; returns the logits (or, for a model with no
-        head, the last hidden states)."""
+        head, the last hidden states). ``stop_early=True``: the caller only reads the hooked
+        sites, so the pass may stop after the last of them (:meth:`stop_layer`) and return None."""
+
+    def stop_layer(self, hooks: Mapping[str, HookFn] | None) -> int | None:
+        """The number of blocks a pass must run to reach every site in ``hooks`` (blocks
+        ``0 .. k - 1``), or None when the last of them needs the whole model (a site after the
+        blocks, or in the last block)."""
+        if not hooks:
+            return None
+        last = max(parse_site(name).order for name in hooks)
+        if last[0] >= self.n_layers - 1:
+            return None
+        return last[0] + 1  # an embedding site (layer -1) needs no block: 0
 
     def forward(
         self,

@@ -144,7 +144,8 @@ class NNsightBackend(Backend):
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         hooks: Mapping[str, HookFn] | None = None,
-    ) -> Tensor:
+        stop_early: bool = False,
+    ) -> Tensor | None:
         kwargs = {"input_ids": input_ids}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
@@ -156,7 +157,8 @@ class NNsightBackend(Backend):
         info = self.info
         if self.remote:
             kwargs["remote"] = True
-        with self.envoy.trace(**kwargs):
+        stop = stop_early and not self.remote and self.stop_layer(hooks) is not None
+        with self.envoy.trace(**kwargs) as tracer:
             for (path, io), items in groups.items():
                 envoy = self._envoy_at(path)
                 raw = envoy.output if io == "output" else envoy.input
@@ -171,5 +173,8 @@ class NNsightBackend(Backend):
                         envoy.output = raw
                     else:
                         envoy.input = raw
-            output = self.envoy.output.save()
-        return logits_of(output)
+            if stop:  # the last site has been read: the model runs no further
+                tracer.stop()
+            else:
+                output = self.envoy.output.save()
+        return None if stop else logits_of(output)

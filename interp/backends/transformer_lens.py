@@ -31,6 +31,14 @@ class TransformerLensBackend(Backend):
         return isinstance(spec, (TransformerBridgeConfig, dict, torch.nn.Module))
 
     @classmethod
+    def owns(cls, spec) -> bool:
+        if not type(spec).__module__.startswith("transformer_lens"):
+            return False  # not ours, and no need to import TransformerLens to know it
+        from transformer_lens.model_bridge import TransformerBridge
+
+        return isinstance(spec, TransformerBridge)
+
+    @classmethod
     def load(cls, spec, tokenizer=None, device=None, dtype=None):
         from transformer_lens.config import TransformerBridgeConfig
         from transformer_lens.model_bridge import TransformerBridge
@@ -139,6 +147,14 @@ class TransformerLensBackend(Backend):
         return names
 
     @torch.no_grad()
+    def head_output_weights(self, layer: int):
+        """``W_O`` of every head at ``layer``: from the HuggingFace layer when the bridge wraps one
+        (as the nnsight backend reads it), else from the bridge's own attention (a native model)."""
+        if getattr(self.hf_model, "config", None) is not None:  # a native bridge's original_model has none
+            return super().head_output_weights(layer)
+        return self.bridge.blocks[layer].attn.W_O.detach().reshape(self.n_heads, self.d_head, -1)
+
+    @torch.no_grad()
     def attention_pattern(self, input_ids, attention_mask, layer: int):
         """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
         name = site_name("attn.hook_pattern", layer)
@@ -161,14 +177,33 @@ class TransformerLensBackend(Backend):
         attention_mask: Tensor | None = None,
         position_ids: Tensor | None = None,
         hooks: Mapping[str, HookFn] | None = None,
-    ) -> Tensor:
+        stop_early: bool = False,
+    ) -> Tensor | None:
         fwd_hooks = [(self.hook_name(name), _as_tl_hook(fn)) for name, fn in (hooks or {}).items()]
         kwargs = {}
         if attention_mask is not None:
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None and self._pass_position_ids:
             kwargs["position_ids"] = position_ids
-        return self.bridge.run_with_hooks(input_ids, fwd_hooks=fwd_hooks, **kwargs)
+        stop = self.stop_layer(hooks) if stop_early else None
+        entry = None if stop is None else site_name("resid_pre", stop)
+        if entry is None or entry not in self.sites:
+            return self.bridge.run_with_hooks(input_ids, fwd_hooks=fwd_hooks, **kwargs)
+        # the residual entering block `stop` is reached: everything asked for has been read. (A hook
+        # that raises rather than run_with_hooks' stop_at_layer, which not every bridge honours.)
+        try:
+            self.bridge.run_with_hooks(input_ids, fwd_hooks=fwd_hooks + [(self.hook_name(entry), _stop)], **kwargs)
+        except _Stopped:
+            pass
+        return None
+
+
+class _Stopped(Exception):
+    """Raised by :func:`_stop` to end a forward pass early; caught in ``run``."""
+
+
+def _stop(activation, hook):
+    raise _Stopped
 
 
 def _as_tl_hook(fn: HookFn):
