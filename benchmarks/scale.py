@@ -236,10 +236,10 @@ def row_capture(model, path, args):
             with torch.no_grad():
                 for b in batches:
                     with nm.trace(input_ids=b.input_ids, attention_mask=b.attention_mask) as tracer:
-                        saved = [blocks[l].output.save() for l in layers]
+                        for l in layers:
+                            blocks[l].output.save()
                         if max(layers) + 1 < L:
                             tracer.stop()
-            return saved
 
         t, mb = measure(nnsight_trace, args.repeats, args.device)
         out.append({"what": f"nnsight trace (+ stop), {label}", "seconds": t, "peak_mb": mb, "ratio": t / floor})

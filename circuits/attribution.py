@@ -248,7 +248,11 @@ class AttributionPatching:
                 g = self._grads(part, target, src[site("embed")], a, rec_sites)
                 r_in += self._receiver_inputs(part, target, src[site("embed")], a, g, receivers)
             r_in /= len(self.alphas)
-            per_pair = torch.einsum("snpd,rnpd->srn", writes.double(), r_in.double())
+            # per pair, one float64 matrix product [S, pos * d] x [pos * d, R] (never a float64
+            # copy of the whole [S | R, n, pos, d] tensors)
+            per_pair = torch.stack(
+                [writes[:, i].flatten(1).double() @ r_in[:, i].flatten(1).double().T for i in range(len(part))], -1
+            )  # [S, R, n]
             scores += per_pair.sum(-1)
             if self.uncertainty_ is not None:
                 kept.append(per_pair.float().cpu())
