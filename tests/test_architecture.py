@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import interp
+from interp.models import default_backend_for
 from interp.results import save_table, write_json, write_table
 from interp.sites import site_name
 from interp.trainable import LoraSpec
@@ -79,7 +80,6 @@ def test_one_default_backend_everywhere():
     assert interp.DEFAULT_BACKEND in interp.BACKENDS
     import inspect
 
-    from interp.models import default_backend_for
     from lab.study import run_study
 
     # load_model's backend=None means "the object's own backend, else the default"
