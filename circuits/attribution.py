@@ -25,10 +25,13 @@ error, bootstrap interval and sign-flip p-value to every node or edge row
 (:mod:`circuits.statistics`); ``per_pair_`` holds the per-pair scores.
 
 Cost: node scores need one forward and one backward pass per IG step. Edge scores additionally
-need every receiver's private input gradient; a backend-neutral model has no per-head copy of the
-residual stream, so these are obtained by one extra forward per layer in which the layer's input
-is a fresh leaf, and a backward through that layer's projections only. Everything is batched over
-pairs; nothing is run per component.
+need every receiver's private input gradient. A backend-neutral model has no per-head copy of the
+residual stream, but it needs none: a head's query reads ``norm(x) W_Q,h``, so its input gradient
+is ``dm/dq_h`` projected through that head's ``W_Q,h`` and then taken back through the norm alone,
+between two sites of the run that gave ``dm/dq_h`` (no second forward; the fused q/k/v projection
+is never differentiated per head). Plain EAP reads the target run's activations from that same
+run: one forward of the source, one forward and backward of the target, and per layer a batched
+backward through its norm. Everything is batched over pairs; nothing is run per component.
 """
 
 from __future__ import annotations
@@ -124,26 +127,54 @@ class AttributionPatching:
 
         return fn
 
-    def _grads(self, part: Pairs, target, src_embed: Tensor, alpha: float, sites: list[str]) -> dict[str, Tensor]:
-        """d(sum of per-pair metric)/d(activation) at ``sites``, on the run at ``alpha``."""
-        leaves: dict[str, Tensor] = {}
-        embed_name = site("embed")
+    def _grads(
+        self,
+        part: Pairs,
+        target,
+        src_embed: Tensor,
+        alpha: float,
+        sites: list[str],
+        keep: Sequence[str] = (),
+        read: Sequence[str] = (),
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+        """One forward and one backward pass of the run at ``alpha``.
 
-        def leaf(name):
+        Returns ``(grads, kept, graph)``: d(sum of per-pair metric)/d(activation) at ``sites``;
+        the values at ``keep`` (detached, as a cache would read them); and every site's activation
+        still inside the forward pass's graph (retained), for ``read`` and every other hooked
+        site, so a caller can take further gradients between two sites of this same run
+        (:meth:`_receiver_inputs`)."""
+        leaves: dict[str, Tensor] = {}
+        kept: dict[str, Tensor] = {}
+        graph: dict[str, Tensor] = {}
+        embed_name = site("embed")
+        grad_sites, keep_sites, read_sites = set(sites), set(keep), set(read)
+
+        def hook(name):
             move = self._embed_hook(src_embed, alpha) if (name == embed_name and alpha) else None
 
             def fn(act):
                 if move is not None:
                     act = move(act)
+                if name in read_sites and not act.requires_grad:
+                    # nothing upstream needs a gradient (frozen weights, no earlier leaf): a
+                    # leaf here, of the same value, keeps what follows it in a graph
+                    act = act.detach().requires_grad_(True)
+                    graph[name] = act
+                    return act
+                graph[name] = act
+                if name in keep_sites:
+                    kept[name] = act.detach().clone()
+                if name not in grad_sites:
+                    return act if move is not None else None
                 z = torch.zeros_like(act, requires_grad=True)
                 leaves[name] = z
                 return act + z
 
             return fn
 
-        hooks = {s: leaf(s) for s in sites}
-        if alpha and embed_name not in hooks:
-            hooks[embed_name] = self._embed_hook(src_embed, alpha)
+        names_hooked = grad_sites | keep_sites | read_sites | ({embed_name} if alpha else set())
+        hooks = {s: hook(s) for s in names_hooked}
         with torch.enable_grad():
             logits = self.model.run(target, hooks)
             value = self.metric_.reduce(logits, part).sum()
@@ -153,8 +184,9 @@ class AttributionPatching:
                     "(did it call .item(), argmax or detach?); attribution patching needs its gradient"
                 )
             names = list(leaves)
-            grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True)
-        return {n: (torch.zeros_like(leaves[n]) if g is None else g.detach()) for n, g in zip(names, grads)}
+            grads = torch.autograd.grad(value, [leaves[n] for n in names], allow_unused=True, retain_graph=True)
+        grads_at = {n: (torch.zeros_like(leaves[n]) if g is None else g.detach()) for n, g in zip(names, grads)}
+        return grads_at, kept, graph
 
     # node scores -------------------------------------------------------------------------------
     def nodes(self, pairs: Pairs) -> pd.DataFrame:
@@ -218,7 +250,7 @@ class AttributionPatching:
     def _mean_grads(self, part, target, src_embed, sites) -> dict[str, Tensor]:
         acc: dict[str, Tensor] = {}
         for a in self.alphas:
-            g = self._grads(part, target, src_embed, a, sites)
+            g, _, _ = self._grads(part, target, src_embed, a, sites)
             for s, v in g.items():
                 acc[s] = acc.get(s, 0) + v
         return {s: v / len(self.alphas) for s, v in acc.items()}
@@ -238,16 +270,28 @@ class AttributionPatching:
         kept: list[Tensor] = []  # per pair [S, R, n], with statistics
         if self.uncertainty_ is not None:
             check_memory(len(senders) * len(receivers), len(pairs), self.uncertainty_, "edge attribution")
+        w_in = self._input_weights(receivers)
+        one_point = self.alphas == [0.0]  # plain EAP: the target run is the gradient's run
         bar = progress_bar(total=len(pairs), desc="attribution (edges)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
-            tgt, src = cache(model, target, node_sites), cache(model, source, node_sites)
-            writes = torch.stack([self._write_delta(s, src, tgt, w_o) for s in senders])  # [S, n, pos, d]
-            r_in = torch.zeros((len(receivers),) + tuple(writes.shape[1:]), dtype=writes.dtype)
+            src = cache(model, source, node_sites)
+            embed = src[site("embed")]  # [n, pos, d_model]: the shape of every write and input gradient
+            tgt = None if one_point else cache(model, target, node_sites)
+            r_in = embed.new_zeros((len(receivers),) + tuple(embed.shape))  # [R, n, pos, d_model]
             for a in self.alphas:
-                g = self._grads(part, target, src[site("embed")], a, rec_sites)
-                r_in += self._receiver_inputs(part, target, src[site("embed")], a, g, receivers)
-            r_in /= len(self.alphas)
+                g, kept_here, graph = self._grads(
+                    part, target, embed, a, rec_sites,
+                    keep=node_sites if one_point else (), read=self._graph_sites(receivers),
+                )  # fmt: skip
+                self._receiver_inputs(g, graph, receivers, w_in, into=r_in)
+                del graph
+                tgt = kept_here if one_point else tgt
+            if len(self.alphas) > 1:
+                r_in /= len(self.alphas)
+            writes = embed.new_empty((len(senders),) + tuple(embed.shape))
+            for i, s in enumerate(senders):
+                writes[i] = self._write_delta(s, src, tgt, w_o)  # [S, n, pos, d]
             # per pair, one float64 matrix product [S, pos * d] x [pos * d, R] (never a float64
             # copy of the whole [S | R, n, pos, d] tensors)
             per_pair = torch.stack(
@@ -300,74 +344,71 @@ class AttributionPatching:
             return dz @ w_o[node.layer][node.head].to(dz.dtype)
         return src[s] - tgt[s]
 
+    def _graph_sites(self, receivers: list[Receiver]) -> list[str]:
+        """The sites whose in-graph values :meth:`_receiver_inputs` differentiates between: each
+        receiving layer's residual input, its attention input and (sequential blocks) the
+        residual entering its MLP. Hooked only to be read; their gradients are not taken."""
+        parallel = has_parallel_blocks(self.model)
+        names = set()
+        for r in receivers:
+            if r.kind == "head":
+                names |= {site("resid_pre", r.layer), site("attn_in", r.layer)}
+            elif r.kind == "mlp":
+                names.add(site("resid_pre" if parallel else "resid_mid", r.layer))
+        return sorted(names, key=_order)
+
+    def _input_weights(self, receivers: list[Receiver]) -> dict[tuple[int, str], Tensor]:
+        """``W_Q`` / ``W_K`` / ``W_V`` of each receiving layer, read once before any pass."""
+        wanted = {(r.layer, r.input) for r in receivers if r.kind == "head"}
+        return {key: self.model.head_input_weights(*key).detach() for key in sorted(wanted)}
+
     def _receiver_inputs(
-        self, part, target, src_embed, alpha, g: dict[str, Tensor], receivers: list[Receiver]
-    ) -> Tensor:
-        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: ``[R, n, pos, d_model]``.
+        self, g: dict[str, Tensor], graph: dict[str, Tensor], receivers: list[Receiver], w_in, into: Tensor
+    ) -> None:
+        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``, added into ``into``
+        (``[R, n, pos, d_model]``, one row per receiver).
 
-        One forward pass serves every layer: the residual entering each receiver's layer (and
-        between attention and MLP) is replaced by a detached leaf of the same value, which cuts
-        the graph into per-layer pieces, so each receiver's input gradient is a backward through
-        its own layer's norm and projection only. The receivers that read one site (the heads'
-        q, k or v of a layer) go through that backward together, one batched call
+        ``x`` is the residual stream entering the receiver's layer (or its MLP), ``v`` the
+        receiver's own read of it. For a head's query (key, value) that read is
+        ``q_h = norm(x) W_Q,h + b``: the gradient is projected through the head's own slice of
+        ``W_Q`` (``[d_head, d_model]``, not the whole fused projection), then taken back through
+        the norm alone, in the same run's graph, all heads of a layer in one batched call
         (``is_grads_batched``); heads sharing a key/value group under grouped-query attention
-        share one slot and so one gradient."""
+        share one gradient. An MLP's is a backward through its norm and the MLP; the logits'
+        is the gradient at the final residual itself."""
         model = self.model
-        out: list[Tensor | None] = [None] * len(receivers)
         parallel = has_parallel_blocks(model)
-        leaves: dict[str, Tensor] = {}
-        acts: dict[str, Tensor] = {}
-
-        def to_leaf(name):
-            def fn(act):
-                x = act.detach().clone().requires_grad_(True)
-                leaves[name] = x
-                return x
-
-            return fn
-
-        def keep(name):
-            def fn(act):
-                acts[name] = act
-
-            return fn
-
-        by_site: dict[str, list[int]] = {}
-        hooks = {}
+        heads_at: dict[int, list[int]] = {}
         for j, r in enumerate(receivers):
             if r.kind == "logits":
-                out[j] = g[receiver_site(model, r)]
-                continue
-            by_site.setdefault(receiver_site(model, r), []).append(j)
-            hooks[site("resid_pre", r.layer)] = to_leaf(site("resid_pre", r.layer))
-            if not parallel:
-                hooks[site("resid_mid", r.layer)] = to_leaf(site("resid_mid", r.layer))
-        if not by_site:
-            return torch.stack(out)
-        if alpha:
-            hooks[site("embed")] = self._embed_hook(src_embed, alpha)
-        for name in by_site:
-            hooks.setdefault(name, keep(name))
-        with torch.enable_grad():
-            model.run(target, hooks, stop_early=True)
-            for name, idx in by_site.items():
-                first = receivers[idx[0]]
-                leaf = leaves[site("resid_pre" if (first.kind == "head" or parallel) else "resid_mid", first.layer)]
-                grad_out = g[name]
-                if first.kind != "head":
-                    for j in idx:
-                        (out[j],) = torch.autograd.grad(acts[name], leaf, grad_outputs=grad_out, retain_graph=True)
-                    continue
-                slots = sorted({receivers[j].head * acts[name].shape[2] // model.n_heads for j in idx})
-                masked = torch.zeros(
-                    (len(slots),) + tuple(grad_out.shape), dtype=grad_out.dtype, device=grad_out.device
+                into[j] += g[receiver_site(model, r)]
+            elif r.kind == "mlp":
+                x = graph[site("resid_pre" if parallel else "resid_mid", r.layer)]
+                (grad,) = torch.autograd.grad(
+                    graph[receiver_site(model, r)], x, grad_outputs=g[receiver_site(model, r)], retain_graph=True
                 )
-                for k, h in enumerate(slots):
-                    masked[k, :, :, h] = grad_out[:, :, h]
-                per_slot = _batched_input_grads(acts[name], leaf, masked)
-                for j in idx:
-                    out[j] = per_slot[slots.index(receivers[j].head * acts[name].shape[2] // model.n_heads)]
-        return torch.stack([o.detach() for o in out])
+                into[j] += grad.detach()
+            else:
+                heads_at.setdefault(r.layer, []).append(j)
+        for layer, idx in heads_at.items():
+            u, x = graph[site("attn_in", layer)], graph[site("resid_pre", layer)]
+            slot_of = {}  # (input, head slot) -> row of the batched gradient
+            rows = []
+            for j in idx:
+                r = receivers[j]
+                grad = g[site(r.input, layer)]  # [n, pos, heads or kv heads, d_head]
+                h = r.head * grad.shape[2] // model.n_heads  # the head's slot (its group under GQA)
+                if (r.input, h) not in slot_of:
+                    slot_of[(r.input, h)] = len(rows)
+                    w = w_in[(layer, r.input)][h].to(grad.device, grad.dtype)  # [d_model, d_head]
+                    rows.append(grad[:, :, h] @ w.T)  # d m / d(norm output) through this head alone
+            per_row = torch.stack(rows)  # [rows, n, pos, d_model]
+            if u is not x:  # pre-norm blocks: back through the norm (post-norm BERT reads x itself)
+                per_row = _batched_input_grads(u, x, per_row)
+            for j in idx:
+                r = receivers[j]
+                h = r.head * g[site(r.input, layer)].shape[2] // model.n_heads
+                into[j] += per_row[slot_of[(r.input, h)]].detach()
 
 
 def _batched_input_grads(output: Tensor, leaf: Tensor, grad_outputs: Tensor) -> Tensor:

@@ -43,7 +43,8 @@ def cache(model, batch: Batch, sites) -> dict[str, Tensor]:
 
         return fn
 
-    model.run(batch, {s: reader(s) for s in sites})
+    with torch.no_grad():  # a read: no graph kept for the weights' gradients
+        model.run(batch, {s: reader(s) for s in sites}, stop_early=True)
     return out
 
 

@@ -129,6 +129,7 @@ def _decoder(layers, embed, final_norm, attn, qkv, z_module, mlp, resid_mid=None
         "ln_final.hook_normalized": Location(final_norm, "output"),
     }
     loc.update(qkv)
+    loc["attn.hook_in"] = Location(qkv["attn.hook_q"].module, "input")  # what the q projection reads
     if resid_mid is not None:
         loc["hook_resid_mid"] = Location(f"{layers}.{{l}}.{resid_mid}", "input")
     if pos_embed is not None:
@@ -191,6 +192,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         {
             "hook_embed": Location("embeddings.word_embeddings", "output"),
             "hook_resid_pre": Location("encoder.layer.{l}", "input"),
+            "attn.hook_in": Location("encoder.layer.{l}.attention.self.query", "input"),
             "attn.hook_q": Location("encoder.layer.{l}.attention.self.query", "output", _heads()),
             "attn.hook_k": Location("encoder.layer.{l}.attention.self.key", "output", _heads()),
             "attn.hook_v": Location("encoder.layer.{l}.attention.self.value", "output", _heads()),

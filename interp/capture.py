@@ -5,9 +5,9 @@
 >>> acts["blocks.2.hook_resid_post"].shape        # [n_prompts, d_model]
 
 Each hook gathers ``activation[row, token]`` for its batch as the forward pass goes, so the
-memory held is one small tensor per site, never a full cache; and the pass stops after the block
-of the last requested site (``Model.run(stop_early=True)``), so capturing layer ``l`` of ``L``
-costs about ``(l + 1) / L`` of a forward pass. With ``store=path`` the results
+memory held is one small tensor per site, never a full cache; and the pass stops right after the
+last requested site (``Model.run(stop_early=True)``), so capturing layer ``l`` of ``L`` costs
+about ``(l + 1) / L`` of a forward pass, and even the last layer skips the unembedding. With ``store=path`` the results
 stream to an :class:`~interp.store.ActivationStore` shard by shard; a capture that is
 interrupted and called again with the same arguments resumes at the first missing shard.
 

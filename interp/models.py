@@ -127,6 +127,12 @@ class Model:
         """``W_O`` of every head at ``layer``: ``[n_heads, d_head, d_model]``."""
         return self.backend.head_output_weights(layer)
 
+    def head_input_weights(self, layer: int, which: str) -> torch.Tensor:
+        """``W_Q`` / ``W_K`` / ``W_V`` (``which`` = ``"q"``, ``"k"``, ``"v"``) of every head at
+        ``layer``: ``[n_heads (n_kv_heads for k, v), d_model, d_head]``, so that the site equals
+        ``attn.hook_in @ W + b`` head by head."""
+        return self.backend.head_input_weights(layer, which)
+
     def attention_pattern(self, inputs, layer: int, padding_side: str | None = None) -> torch.Tensor:
         """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""
         batch = self._on_device(inputs, padding_side)
@@ -164,15 +170,15 @@ class Model:
         """Forward pass with ``hooks`` (site -> function of the activation returning ``None`` to
         read or a tensor to write). ``inputs``: prompts, or a :class:`~interp.tokens.Batch`.
         ``stop_early=True`` (for callers that only read the hooked sites, such as
-        :func:`~interp.capture`): the pass stops after the block of the last hooked site and
-        returns None; a pass that needs every block runs to the end and returns the logits."""
+        :func:`~interp.capture`): the pass stops right after the last hooked site (no later block,
+        no unembedding) and returns None."""
         batch = self._on_device(inputs, padding_side)
         if hooks:
             self.check_sites(list(hooks))
         hooks = self._with_standing(batch, hooks)
-        if stop_early and self.backend.stop_layer(hooks) is not None:
-            return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, hooks, stop_early=True)
-        return self.backend.run(batch.input_ids, batch.attention_mask, batch.position_ids, hooks)
+        return self.backend.run(
+            batch.input_ids, batch.attention_mask, batch.position_ids, hooks, stop_early=stop_early and bool(hooks)
+        )
 
     def forward(self, inputs, padding_side: str | None = None) -> Float[torch.Tensor, "batch pos vocab"]:
         """Logits of a forward pass (with this handle's standing interventions, if any; no other

@@ -7,6 +7,9 @@ unchanged on a ``TransformerBridge`` or on an nnsight-wrapped HuggingFace model:
     hook_embed                      token embeddings                 [batch, pos, d_model]
     hook_pos_embed                  learned positional embeddings    [batch, pos, d_model]
     blocks.{l}.hook_resid_pre       residual stream entering block l [batch, pos, d_model]
+    blocks.{l}.attn.hook_in         what the q/k/v projections read (the first norm's output in
+                                    pre-norm blocks; the residual itself in post-norm BERT)
+                                                                     [batch, pos, d_model]
     blocks.{l}.attn.hook_q/k/v      per-head queries, keys, values   [batch, pos, head, d_head]
     blocks.{l}.attn.hook_z          per-head attention outputs (before W_O)
                                                                      [batch, pos, head, d_head]
@@ -30,6 +33,7 @@ GLOBAL_SITES_BEFORE = ("hook_embed", "hook_pos_embed")
 GLOBAL_SITES_AFTER = ("ln_final.hook_normalized",)
 BLOCK_SITES = (
     "hook_resid_pre",
+    "attn.hook_in",
     "attn.hook_q",
     "attn.hook_k",
     "attn.hook_v",
@@ -45,6 +49,7 @@ HEAD_SITES = frozenset({"attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_
 SHORT_KINDS = {
     "embed": "hook_embed",
     "resid_pre": "hook_resid_pre",
+    "attn_in": "attn.hook_in",
     "resid_mid": "hook_resid_mid",
     "resid_post": "hook_resid_post",
     "attn_out": "hook_attn_out",

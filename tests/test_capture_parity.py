@@ -14,6 +14,13 @@ PROMPTS = [
 FAMILIES = ["gpt2", "gpt_neox", "llama", "bert"]
 
 
+def _unembedding(model):
+    """The module computing the logits (None for a model without an LM head)."""
+    if model.backend.name == "transformer_lens":
+        return getattr(model.backend.bridge, "unembed", None)
+    return model.backend.hf_model.get_output_embeddings()
+
+
 def test_transformer_lens_backend_equals_run_with_cache(model_dirs):
     """Bit-exact where the shapes are identical (each prompt captured alone, as ``run_with_cache``
     sees it); equal within 1e-6 inside a padded batch of 2, whose matmuls have other shapes, and
@@ -133,8 +140,16 @@ def test_capture_stops_after_the_last_requested_block(model_dirs, backend, famil
         early = [s for s in early if s in model.sites]
         stopped = interp.capture(model, PROMPTS, sites=early, positions="all", batch_size=8)
         assert calls[0] == 1 and calls[1:] == [0] * (len(blocks) - 1), calls
+        unembed = _unembedding(model)
+        heads = [0]
+        if unembed is not None:
+            handles.append(unembed.register_forward_hook(lambda m, i, o: heads.__setitem__(0, heads[0] + 1)))
         full = interp.capture(model, PROMPTS, sites=early + [model.resid_site(model.n_layers - 1)], positions="all")
-        assert calls[-1] == 1  # a site in the last block needs the whole pass
+        assert calls[-1] == 1  # a site in the last block needs every block ...
+        assert heads[0] == 0  # ... but not the unembedding
+        if unembed is not None:
+            model.run(PROMPTS)
+            assert heads[0] == 1
     finally:
         for h in handles:
             h.remove()

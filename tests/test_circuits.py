@@ -241,6 +241,19 @@ def test_attribution_equals_analytic_gradients(model_dirs, backend, ig_steps):
             assert got == pytest.approx(edge_ref[s, r].item(), abs=1e-6, rel=1e-4)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama_gqa"])
+def test_edge_attribution_with_frozen_weights(model_dirs, backend, family):
+    """Users freeze a model's weights (``requires_grad_(False)``) to save memory: edge scores are
+    the same, although nothing upstream of the first layer is then in a graph."""
+    model = interp.load_model(model_dirs[family], backend=backend)
+    pairs = _pairs(model)
+    before = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+    model.module.requires_grad_(False)
+    after = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+    assert before.score.abs().max() > 0
+    torch.testing.assert_close(after.score.to_numpy(), before.score.to_numpy(), atol=1e-7, rtol=1e-5)
+
+
 def test_integrated_gradients_are_complete(model_dirs, backend):
     """IG at the embeddings sums to the metric's total change (midpoint rule: error O(1/m^2))."""
     model = interp.load_model(model_dirs["gpt2"], backend=backend)

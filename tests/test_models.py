@@ -106,6 +106,26 @@ def test_edge_attribution_and_faithfulness_on_a_native_model():
     assert {"EAP"} <= set(curve.method)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama_gqa", "bert"])
+def test_head_input_weights_map_the_attention_input_to_q_k_v(model_dirs, backend, family):
+    """``attn.hook_in`` is what the projections read, and ``head_input_weights`` their linear
+    part: between any two positions, q/k/v differ by ``(u_i - u_j) @ W`` head by head (the bias
+    cancels), on both backends, with key/value heads under grouped-query attention."""
+    model = interp.load_model(model_dirs[family], backend=backend)
+    names = {w: f"blocks.1.attn.hook_{w}" for w in "qkv"}
+    acts = interp.capture(model, PROMPTS[:1], sites=["blocks.1.attn.hook_in", *names.values()], positions="all")
+    u = acts["blocks.1.attn.hook_in"][0]  # [pos, d_model]
+    for which, name in names.items():
+        w = model.head_input_weights(1, which)
+        heads = model.n_heads if which == "q" else model.n_kv_heads
+        assert w.shape == (heads, model.d_model, model.d_head)
+        got = acts[name][0] - acts[name][0, :1]  # [pos, head, d_head]
+        want = torch.einsum("pd,hde->phe", u - u[:1], w)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=lambda m: f"{which}: {m}")
+    with pytest.raises(ValueError, match="'q', 'k' or 'v'"):
+        model.head_input_weights(1, "z")
+
+
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama", "bert"])
 def test_writes_agree_across_backends(model_dirs, family):
     """Zero-ablate one head's z and double the layer-0 MLP output: same logits on both backends."""

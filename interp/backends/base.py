@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 from jaxtyping import Float, Int
 
-from ..architectures import architecture_for
+from ..architectures import arch_info, architecture_for
 from ..sites import parse_site, site_name
 from ..trainable import LoraSpec
 
@@ -85,18 +85,15 @@ class Backend(ABC):
     ) -> Float[Tensor, "batch pos vocab"] | None:
         """Forward pass with ``hooks`` attached; returns the logits (or, for a model with no
         head, the last hidden states). ``stop_early=True``: the caller only reads the hooked
-        sites, so the pass may stop after the last of them (:meth:`stop_layer`) and return None."""
+        sites, so the pass stops right after the last of them (:meth:`last_site`) and returns None."""
 
-    def stop_layer(self, hooks: Mapping[str, HookFn] | None) -> int | None:
-        """The number of blocks a pass must run to reach every site in ``hooks`` (blocks
-        ``0 .. k - 1``), or None when the last of them needs the whole model (a site after the
-        blocks, or in the last block)."""
+    @staticmethod
+    def last_site(hooks: Mapping[str, HookFn] | None) -> str | None:
+        """The hooked site a forward pass reaches last (None for no hooks): with
+        ``stop_early=True`` nothing after it runs, not even the unembedding."""
         if not hooks:
             return None
-        last = max(parse_site(name).order for name in hooks)
-        if last[0] >= self.n_layers - 1:
-            return None
-        return last[0] + 1  # an embedding site (layer -1) needs no block: 0
+        return max(hooks, key=lambda name: parse_site(name).order)
 
     def forward(
         self,
@@ -159,16 +156,39 @@ class Backend(ABC):
     def head_output_weights(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """``W_O`` of every head at ``layer``, read off the module that consumes ``z`` (GPT-2's
         ``c_proj``, Llama's ``o_proj``, ...) by applying it to the identity (Linear or Conv1D)."""
-        hf = self._require_hf("head_output_weights")
+        w = self._linear_part("attn.hook_z", layer, self.n_heads * self.d_head)  # [head * d_head, d_model]
+        return w.reshape(self.n_heads, self.d_head, -1)
+
+    @torch.no_grad()
+    def head_input_weights(self, layer: int, which: str) -> Float[Tensor, "head d_model d_head"]:
+        """``W_Q``, ``W_K`` or ``W_V`` (``which`` is ``"q"``, ``"k"`` or ``"v"``) of every head at
+        ``layer`` (of every key/value head under grouped-query attention): the linear part of the
+        map from ``attn.hook_in`` to the head's query, key or value, read off the projection
+        module (GPT-2's fused ``c_attn``, Llama's ``q_proj``, ...) by applying it to the identity
+        and splitting its output into heads as the site does."""
+        if which not in ("q", "k", "v"):
+            raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
+        hf = self._require_hf("head_input_weights")
+        raw = self._linear_part(f"attn.hook_{which}", layer, self.d_model)  # [d_model, out]
+        codec = architecture_for(hf.config).locations[f"attn.hook_{which}"].codec
+        return codec.get(raw, arch_info(hf.config)).permute(1, 0, 2)
+
+    def _linear_part(self, site_kind: str, layer: int, d_in: int) -> Float[Tensor, "d_in d_out"]:
+        """The matrix of the linear module that reads (``attn.hook_z``) or writes (q/k/v) the site:
+        ``module(I) - module(0)``, whatever the module's weight layout (Linear or Conv1D)."""
+        hf = self._require_hf("reading weights")
         prefix = getattr(hf, "base_model_prefix", "")
         base = prefix + "." if prefix and hasattr(hf, prefix) else ""
-        loc = architecture_for(hf.config).locations["attn.hook_z"]
+        loc = architecture_for(hf.config).locations[site_kind]
         module = hf.get_submodule(base + loc.module.format(l=layer))
+        weight = getattr(module, "weight", None)
+        if type(module) is torch.nn.Linear:  # y = x W^T + b: its matrix without a matrix product
+            return weight.detach().T.clone()
+        if type(module).__name__ == "Conv1D" and weight.shape[0] == d_in:  # GPT-2's y = x W + b
+            return weight.detach().clone()
         p = next(module.parameters())
-        d_in = self.n_heads * self.d_head
         eye = torch.eye(d_in, device=p.device, dtype=p.dtype)
-        w = module(eye) - module(torch.zeros(1, d_in, device=p.device, dtype=p.dtype))
-        return w.reshape(self.n_heads, self.d_head, -1)
+        return module(eye) - module(torch.zeros(1, d_in, device=p.device, dtype=p.dtype))
 
     @torch.no_grad()
     def attention_pattern(

@@ -157,7 +157,7 @@ class NNsightBackend(Backend):
         info = self.info
         if self.remote:
             kwargs["remote"] = True
-        stop = stop_early and not self.remote and self.stop_layer(hooks) is not None
+        stop = stop_early and not self.remote and bool(hooks)
         with self.envoy.trace(**kwargs) as tracer:
             for (path, io), items in groups.items():
                 envoy = self._envoy_at(path)

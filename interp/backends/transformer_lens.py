@@ -155,6 +155,15 @@ class TransformerLensBackend(Backend):
         return self.bridge.blocks[layer].attn.W_O.detach().reshape(self.n_heads, self.d_head, -1)
 
     @torch.no_grad()
+    def head_input_weights(self, layer: int, which: str):
+        """``W_Q``, ``W_K`` or ``W_V`` as the bridge runs them (it splits a fused q/k/v layer into
+        three projections, so after fine-tuning a bridge copy these, not the HuggingFace layer's,
+        are the weights in use): ``[head, d_model, d_head]``."""
+        if which not in ("q", "k", "v"):
+            raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
+        return getattr(self.bridge.blocks[layer].attn, "W_" + which.upper()).detach()
+
+    @torch.no_grad()
     def attention_pattern(self, input_ids, attention_mask, layer: int):
         """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
         name = site_name("attn.hook_pattern", layer)
@@ -185,14 +194,14 @@ class TransformerLensBackend(Backend):
             kwargs["attention_mask"] = attention_mask
         if position_ids is not None and self._pass_position_ids:
             kwargs["position_ids"] = position_ids
-        stop = self.stop_layer(hooks) if stop_early else None
-        entry = None if stop is None else site_name("resid_pre", stop)
-        if entry is None or entry not in self.sites:
+        last = self.last_site(hooks) if stop_early else None
+        if last is None:
             return self.bridge.run_with_hooks(input_ids, fwd_hooks=fwd_hooks, **kwargs)
-        # the residual entering block `stop` is reached: everything asked for has been read. (A hook
-        # that raises rather than run_with_hooks' stop_at_layer, which not every bridge honours.)
+        # everything asked for has been read once the last hooked site has run: a hook after the
+        # caller's own there ends the pass (rather than run_with_hooks' stop_at_layer, which not
+        # every bridge honours, and which would still run the last block's remainder and the head)
         try:
-            self.bridge.run_with_hooks(input_ids, fwd_hooks=fwd_hooks + [(self.hook_name(entry), _stop)], **kwargs)
+            self.bridge.run_with_hooks(input_ids, fwd_hooks=fwd_hooks + [(self.hook_name(last), _stop)], **kwargs)
         except _Stopped:
             pass
         return None
