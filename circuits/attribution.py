@@ -44,6 +44,7 @@ import torch
 from interp.progress import progress_bar
 from interp.sites import parse_site
 
+from . import memory
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
@@ -270,6 +271,7 @@ class AttributionPatching:
         kept: list[Tensor] = []  # per pair [S, R, n], with statistics
         if self.uncertainty_ is not None:
             check_memory(len(senders) * len(receivers), len(pairs), self.uncertainty_, "edge attribution")
+        self._check_edge_memory(pairs)
         w_in = self._input_weights(receivers)
         one_point = self.alphas == [0.0]  # plain EAP: the target run is the gradient's run
         bar = progress_bar(total=len(pairs), desc="attribution (edges)", unit="pairs", progress=self.progress)
@@ -335,6 +337,25 @@ class AttributionPatching:
             self.per_pair_ = torch.stack([each[i, j] for i, j in cells])
             df = attach(df, self.per_pair_, self.uncertainty_)
         return df
+
+    def _check_edge_memory(self, pairs: Pairs) -> None:
+        """Refuse before any pass if one batch's graph, caches, input gradients and writes would not fit."""
+        model, rows, n_pos = self.model, min(self.batch_size, len(pairs)), pairs.n_pos
+        R, S = len(self.receivers_), len(self.nodes_)
+        per_pair = (R + S) * n_pos * model.d_model * memory.element_bytes(model)
+        need = (
+            memory.forward_bytes(model, rows, n_pos, graph=True)
+            + memory.forward_bytes(model, rows, n_pos, graph=False)
+            + rows * per_pair
+            + 2 * per_pair  # one pair's float64 product operands
+        )
+        memory.check_fits(
+            need,
+            model,
+            f"edge attribution of {S} senders x {R} receivers on batches of {rows} pairs x {n_pos} positions",
+            f"use a smaller batch_size (each pair adds about {per_pair / 1024**2:.0f} MiB), fewer receivers "
+            "or senders (receivers=[...], nodes=[...]), or shorter prompts",
+        )
 
     @staticmethod
     def _write_delta(node: Node, src, tgt, w_o) -> Tensor:

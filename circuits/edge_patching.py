@@ -42,6 +42,7 @@ from jaxtyping import Float
 
 from interp.progress import progress_bar
 
+from . import memory
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
@@ -140,6 +141,15 @@ class EdgePatching:
         # the batch of pairs is sized for the largest, so no pass exceeds batch_size rows
         copies = [1 + max((len(slots) for slots in plan["by_layer"].values()), default=0) for plan in active]
         per_batch = max(1, self.batch_size // max(copies))
+        rows = per_batch * max(copies)
+        writes = 2 * len(self.senders_) * per_batch * pairs.n_pos * self.model.d_model  # source's and this run's
+        memory.check_fits(
+            memory.forward_bytes(self.model, rows, pairs.n_pos, graph=False)
+            + writes * memory.element_bytes(self.model),
+            self.model,
+            f"edge patching with {max(copies)} copies of batches of {per_batch} pairs x {pairs.n_pos} positions",
+            f"use a smaller batch_size (now {self.batch_size} rows per pass) or shorter prompts",
+        )
         out = torch.zeros(len(masks), len(pairs))
         bar = progress_bar(
             total=len(masks) * len(pairs), desc="edge patching", unit="pair runs", progress=self.progress

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+from scipy.stats import rankdata
 from sklearn.model_selection import StratifiedKFold
 
 from interp.capture import capture
@@ -390,17 +390,27 @@ class ProbeSweep:
 
 
 def _class_balanced(y: np.ndarray, probs: np.ndarray, c: int) -> dict:
-    """Balanced accuracy (mean recall over the classes present) and macro one-vs-rest AUROC
-    (scikit-learn's definitions; AUROC is NaN if a class is missing from the test fold)."""
-    out = {"balanced_accuracy": float(balanced_accuracy_score(y, probs.argmax(-1)))}
-    try:
-        out["auroc"] = float(
-            roc_auc_score(y, probs[:, 1])
-            if c == 2
-            else roc_auc_score(y, probs / probs.sum(-1, keepdims=True), multi_class="ovr", labels=list(range(c)))
-        )
-    except ValueError:
+    """Balanced accuracy (mean recall over the classes present) and macro one-vs-rest AUROC,
+    scikit-learn's definitions (``balanced_accuracy_score``; ``roc_auc_score`` with
+    ``multi_class="ovr"``; tested equal), computed for all classes at once: AUROC as the
+    Mann-Whitney statistic of the midranks, which is the area under the ROC curve with ties
+    counted half. NaN if a class is missing from the test fold (scikit-learn's error)."""
+    present = np.unique(y)
+    pred = probs.argmax(-1)
+    recall = np.array([np.count_nonzero(pred[y == k] == k) for k in present]) / np.bincount(y)[present]
+    out = {"balanced_accuracy": float(np.mean(recall))}
+    if len(present) < (2 if c == 2 else c):
         out["auroc"] = float("nan")
+        return out
+    if c == 2:
+        scores, positive = probs[:, 1:2], (y == 1)[:, None]
+    else:
+        scores, positive = probs / probs.sum(-1, keepdims=True), y[:, None] == np.arange(c)
+    ranks = rankdata(scores, axis=0)  # [n, classes], midranks
+    n_pos = positive.sum(0)
+    n_neg = len(y) - n_pos
+    u = (ranks * positive).sum(0) - n_pos * (n_pos + 1) / 2
+    out["auroc"] = float(np.mean(u / (n_pos * n_neg)))
     return out
 
 

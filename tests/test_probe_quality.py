@@ -43,6 +43,39 @@ def test_balanced_accuracy_and_auroc_match_sklearn(classes):
     assert (df.balanced_accuracy < df.accuracy).all()
 
 
+@pytest.mark.parametrize("c", [2, 3, 7])
+def test_fold_metrics_equal_sklearn_on_the_same_probabilities(c):
+    """The vectorized balanced accuracy and AUROC equal scikit-learn's functions on identical
+    inputs (1e-12): lopsided classes, tied scores, and a class missing from the fold (NaN where
+    scikit-learn refuses)."""
+    from probes.sweep import _class_balanced
+
+    rng = np.random.default_rng(c)
+    for trial in range(40):
+        n = int(rng.integers(c + 2, 60))
+        y = rng.choice(c, n, p=rng.dirichlet(np.ones(c)))
+        y[:c] = np.arange(c)  # every class present ...
+        if trial % 5 == 4:
+            y[y == c - 1] = 0  # ... but in some folds one is missing
+        probs = rng.dirichlet(np.ones(c), n)
+        if trial % 3 == 0:
+            probs = np.round(probs, 1) + 1e-3  # ties
+        got = _class_balanced(y, probs, c)
+        assert got["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(y, probs.argmax(1)), abs=1e-12)
+        try:
+            ref = (
+                roc_auc_score(y, probs[:, 1])
+                if c == 2
+                else roc_auc_score(y, probs / probs.sum(-1, keepdims=True), multi_class="ovr", labels=list(range(c)))
+            )
+        except ValueError:
+            ref = float("nan")
+        if np.isnan(ref):
+            assert np.isnan(got["auroc"]), trial
+        else:
+            assert got["auroc"] == pytest.approx(ref, abs=1e-12), trial
+
+
 def _naive_codelength(X, y, seed, fractions):
     """Voita & Titov's online code, one scikit-learn probe per block."""
     classes, idx = np.unique(y, return_inverse=True)

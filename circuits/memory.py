@@ -1,0 +1,65 @@
+"""Memory estimates made before any forward pass, so that an analyzer that cannot fit refuses at
+once, saying what to restrict, instead of failing (or swapping) an hour in.
+
+Each analyzer adds up what it will hold at its peak, per batch of pairs, in the model's precision:
+
+- a forward pass with a graph (attribution): the activations a backward pass keeps, about
+  ``34 d + 5 h p`` values per token and layer (Korthikanti et al. 2022, for ``d`` the width,
+  ``h`` heads and ``p`` positions), plus the logits three times (logits, log-softmax, gradient);
+- a forward pass without one (patching): a few residual-sized tensors per token plus the logits;
+- the analyzer's own tensors (for EAP the receivers' input gradients and the senders' writes,
+  ``[R | S, n, pos, d]``; for edge patching the batch's copies).
+
+The estimate is compared with the memory free on the model's device now (``torch.cuda.mem_get_info``
+on a GPU; available physical memory from the OS on the CPU). It errs on the generous side, so it
+refuses only what would surely not fit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def available_bytes(device) -> int | None:
+    """Free memory on ``device`` now, or None where it cannot be read (then nothing is refused)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not a POSIX system
+        return None
+
+
+def element_bytes(model) -> int:
+    return next(model.module.parameters()).element_size()
+
+
+def _vocab(model) -> int:
+    try:
+        return int(model.input_embeddings().shape[0])
+    except TypeError:  # no HuggingFace model to read it from (a TransformerLens-native one)
+        return int(model.backend.bridge.cfg.d_vocab)
+
+
+def forward_bytes(model, rows: int, n_pos: int, graph: bool) -> int:
+    """Peak activation memory of one forward pass of ``rows`` sequences of ``n_pos`` tokens
+    (``graph=True``: kept for a backward pass)."""
+    per_token = 34 * model.d_model + 5 * model.n_heads * n_pos if graph else 8 * model.d_model
+    layers = model.n_layers if graph else 1
+    logits = (3 if graph else 1) * _vocab(model)
+    return rows * n_pos * (layers * per_token + logits) * element_bytes(model)
+
+
+def check_fits(need: int, model, what: str, advice: str) -> None:
+    """Refuse (``MemoryError``) when ``need`` bytes exceed the memory free on the model's device."""
+    free = available_bytes(model.device)
+    if free is not None and need > free:
+        raise MemoryError(
+            f"{what} would need about {need / 1024**3:.1f} GiB at its peak, and {free / 1024**3:.1f} GiB is "
+            f"free on {model.device}: {advice}"
+        )
