@@ -16,7 +16,8 @@ reports wall time and peak memory (resident-set growth on the CPU, sampled every
 - eap: ``AttributionPatching.edges`` (EAP), 16 pairs; floor: forward + backward;
 - eap_ig: EAP-IG-inputs, 5 steps; floor: 5 x (forward + backward);
 - path: ``PathPatching``, every sender -> logits; floor: one forward per sender;
-- faithfulness: 4 sizes x (EAP + 2 random circuits), batch 4; floor: one forward per circuit;
+- faithfulness: 4 sizes x (EAP + 2 random circuits), batch 4 and 64 rows per pass; floor: one
+  forward per circuit;
 - probes: ``ProbeSweep``, 4 relations x 12 layers x 5 folds; peer: the scikit-learn loop
   (StandardScaler + LogisticRegression, lbfgs).
 
@@ -305,24 +306,28 @@ def row_faithfulness(model, path, args):
     pairs = make_pairs_for(model, args.pairs, args.pos)
     fl = floors(model, pairs, args.repeats, args.device)
     edges = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
-    fa = Faithfulness(model, "logit_diff", fractions=(0.01, 0.05, 0.2, 0.5), n_random=2, batch_size=4, progress=False)
-
-    def run():
-        fa.run(pairs, {"EAP": edges})
-
-    t, mb = measure(run, 1, args.device, warm_up=False)
     n_circuits = 4 * 3 + 2  # sizes x (EAP + 2 random), plus the full and the empty circuit
-    return [
-        {"what": "floor: forward, 16 pairs", "seconds": fl["forward_s"], "peak_mb": fl["forward_mb"], "ratio": 1.0},
-        {
-            "what": f"Faithfulness, 4 sizes x (EAP + 2 random), batch 4 ({len(edges)} edges)",
-            "seconds": t,
-            "peak_mb": mb,
-            "ratio": t / n_circuits / fl["forward_s"],
-            "ratio_is": "forwards per circuit",
-            "target": 3.0,
-        },
-    ]
+    rows = [{"what": "floor: forward, 16 pairs", "seconds": fl["forward_s"], "peak_mb": fl["forward_mb"], "ratio": 1.0}]
+    for batch in (4, 64):  # the batch of 4 rows per pass; 64 holds every pair and its copy in one
+        fa = Faithfulness(
+            model, "logit_diff", fractions=(0.01, 0.05, 0.2, 0.5), n_random=2, batch_size=batch, progress=False
+        )
+
+        def run(fa=fa):
+            fa.run(pairs, {"EAP": edges})
+
+        t, mb = measure(run, 1, args.device, warm_up=False)
+        rows.append(
+            {
+                "what": f"Faithfulness, 4 sizes x (EAP + 2 random), batch {batch} ({len(edges)} edges)",
+                "seconds": t,
+                "peak_mb": mb,
+                "ratio": t / n_circuits / fl["forward_s"],
+                "ratio_is": "forwards per circuit",
+                "target": 3.0,
+            }
+        )
+    return rows
 
 
 def row_probes(model, path, args):

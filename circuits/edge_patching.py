@@ -17,11 +17,18 @@ in ``[0, 1]`` the fraction patched (1 for circuits; fractions give the derivativ
 attribution estimates). Every node downstream is recomputed from its patched inputs, so
 ``w_u`` above is ``u``'s output *in this run*, not in the clean run.
 
-No backend has a private residual stream per receiver, so the run is batched: row block 0 is
-the real run; at each layer, block ``c`` gets ``x - delta_c`` for receiver ``c`` of that layer
-and its query/key/value (or MLP output) is copied into block 0 before the layer's attention (or
-MLP) reads it. One forward pass per set of edges, ``1 + (receivers of the busiest layer)``
-copies of the pairs.
+No backend has a private residual stream per receiver, and none is needed for a head: its query
+(key, value) reads ``norm(x) W_h + b``, so with ``x - delta`` in its place it reads
+
+    q_h' = q_h + (norm(x - delta) - norm(x)) W_h
+
+with the layer's own norm (:meth:`interp.Model.attention_norm`) and the head's slice of the
+projection (:meth:`interp.Model.head_input_weights`); the bias cancels. At each layer the patched
+heads' deltas are one matrix product (the edge weights times the senders' differences) and their
+q/k/v are changed in the one real run. An MLP reads its whole input through a nonlinearity, so
+each layer's patched MLP gets a copy of the batch (row block 1), given ``x - delta`` before the
+MLP and its output copied into the real run (block 0). One forward pass per set of edges, of one
+copy of the pairs, or two when an MLP receiver is patched.
 
 Checks (tests): with nothing patched the metric is the target run's; with every edge patched
 (counterfactual) it is the source run's; one patched edge equals :class:`PathPatching` of that
@@ -51,6 +58,17 @@ from .runs import batch_of, cache, prepare, resolve_direction, site, tile_batch
 
 Tensor = torch.Tensor
 ABLATIONS = ("counterfactual", "mean")
+
+
+def _mixing(rs: list[Receiver], weights: dict, column: dict[Node, int]) -> tuple[int, Tensor]:
+    """The edge weights of a group of receivers over the senders' columns ``[receivers, k]``, with
+    ``k`` one past the last sender patched into any of them (later senders need not be written)."""
+    k = 1 + max(column[s] for r in rs for s, _ in weights[r])
+    mix = [[0.0] * k for _ in rs]
+    for i, r in enumerate(rs):
+        for s, a in weights[r]:
+            mix[i][column[s]] += a
+    return k, torch.tensor(mix, dtype=torch.float32)
 
 
 class EdgePatching:
@@ -102,6 +120,10 @@ class EdgePatching:
         self.w_o_: dict[int, Tensor] = {}
         for layer in sorted({s.layer for s in self.senders_ if s.kind == "head"}):
             self._w_o(layer)
+        # what a patched head receiver's own q/k/v is computed from (read once, outside any pass)
+        heads = {(r.layer, r.input) for r in self.receivers_ if r.kind == "head"}
+        self.w_in_ = {key: self.model.head_input_weights(*key).detach() for key in sorted(heads)}
+        self.norm_ = {layer: self.model.attention_norm(layer) for layer in sorted({k[0] for k in heads})}
 
     def edges(self) -> pd.DataFrame:
         """The graph's edges in the order masks index them: ``sender, receiver, ...`` per row."""
@@ -216,90 +238,133 @@ class EdgePatching:
         return {s: v / count.clamp(min=1).to(v.device, v.dtype) for s, v in sums.items()}
 
     def _plan(self, mask: Tensor) -> dict:
-        """Which receivers have patched inputs, grouped by layer, with their copy slot and weights."""
+        """Which receivers have patched inputs, with their weights; MLP receivers grouped by layer
+        with their copy slot (heads and the logits need no copy)."""
         weights: dict[Receiver, list[tuple[Node, float]]] = {}
         for (s, r), a in zip(self.edges_, mask.tolist()):
             if a != 0.0:
                 weights.setdefault(r, []).append((s, a))
         by_layer: dict[int, dict[Receiver, int]] = {}
         for r in weights:
-            if r.kind == "logits":
+            if r.kind != "mlp":
                 continue
             slots = by_layer.setdefault(r.layer, {})
             slots[r] = len(slots) + 1
-        return {"weights": weights, "by_layer": by_layer}
+        groups = {("logits", None): [r for r in weights if r.kind == "logits"]}
+        for r in sorted(weights, key=lambda r: ("qkv".find(r.input or "q"), r.head or 0)):  # q, k, v rows contiguous
+            if r.kind != "logits":
+                groups.setdefault((r.kind, r.layer), []).append(r)
+        column = {s: i for i, s in enumerate(self.senders_)}
+        mixes = {key: _mixing(rs, weights, column) for key, rs in groups.items() if rs}
+        return {"weights": weights, "by_layer": by_layer, "groups": groups, "mixes": mixes}
 
     @torch.no_grad()
     def _run(self, part: Pairs, target, source_writes: dict[Node, Tensor], plan: dict, copies: int) -> Tensor:
         model, n = self.model, len(part)
         weights, by_layer = plan["weights"], plan["by_layer"]
-        writes: dict[Node, Tensor] = {}  # this run's writes (block 0), filled in as the pass goes
+        column = {s: i for i, s in enumerate(self.senders_)}
         heads_at: dict[int, list[Node]] = {}
         for s in self.senders_:
             if s.kind == "head":
                 heads_at.setdefault(s.layer, []).append(s)
         mlp_senders = {s.layer: s for s in self.senders_ if s.kind == "mlp"}
         embed = next((s for s in self.senders_ if s.kind == "embed"), None)
+        head_receivers = {key[1]: rs for key, rs in plan["groups"].items() if key[0] == "head"}
+        mixes = plan["mixes"]
+        # this run's write minus the ablated one, per sender (block 0), filled in as the pass goes
+        like = next(iter(source_writes.values()))
+        shape = (len(self.senders_), n, target.input_ids.shape[1], model.d_model)
+        diffs = torch.zeros(shape, dtype=like.dtype, device=like.device)
 
-        def delta(r: Receiver, like: Tensor) -> Tensor:
-            d = torch.zeros_like(like)
-            for s, a in weights.get(r, []):
-                src = source_writes[s].to(like.device, like.dtype)
-                d = d + a * (writes[s] - src)
-            return d
+        def record(senders: list[Node], written: Tensor) -> None:
+            """``written``: the senders' writes in this run, ``[len(senders), n, pos, d]``."""
+            for s, w in zip(senders, written):
+                diffs[column[s]] = w - source_writes[s].to(w.device, w.dtype)
+
+        def deltas(key) -> Tensor:
+            """``[receivers, n, pos, d]``: the patched edges' sum for each receiver of a group (a
+            layer's heads, its MLP, the logits): the edge weights ``[receivers, senders]`` times
+            the senders' differences, one matrix product."""
+            k, mix = mixes[key]
+            return (mix.to(diffs.device, diffs.dtype) @ diffs[:k].flatten(1)).view(len(mix), *diffs.shape[1:])
 
         def block(c: int) -> slice:
             return slice(c * n, (c + 1) * n)
 
         hooks = {}
+        state: dict[str, Tensor] = {}
 
-        def inputs(slots: dict[Receiver, int]):
-            """A hook giving block ``c`` the input of receiver ``r``: block 0's value minus its patched edges."""
+        def on_resid_pre(layer: int, mlp_slots: dict[Receiver, int]):
+            """Block 0's residual read for the layer's patched heads; the MLP receivers' copies
+            (parallel blocks) get block 0's value minus their patched edges."""
 
             def hook(act):
-                act = act.clone()
                 x = act[block(0)]
-                for r, c in slots.items():
-                    act[block(c)] = x - delta(r, x)
+                if layer in head_receivers:
+                    state["moved"] = self.norm_[layer](x[None] - deltas(("head", layer)))  # [R_l, n, pos, d]
+                if not mlp_slots:
+                    return None
+                act = act.clone()
+                for r, d in zip(mlp_slots, deltas(("mlp", layer))):
+                    act[block(mlp_slots[r])] = x - d
                 return act
 
             return hook
 
+        def on_attn_in(act):
+            state["u"] = act[block(0)]
+
+        def on_qkv(layer: int, which: str):
+            """A patched head reads ``norm(x - delta) W_h`` where the model computed ``norm(x) W_h``:
+            its q/k/v moves by ``(norm(x - delta) - norm(x)) W_h`` (the bias cancels)."""
+            rs = head_receivers[layer]
+            rows = [i for i, r in enumerate(rs) if r.input == which]  # contiguous (see _plan)
+            heads = [r.head for r in rs if r.input == which]
+
+            def hook(act):
+                act = act.clone()
+                slots = [h * act.shape[2] // model.n_heads for h in heads]  # each head's slot (its group under GQA)
+                w = self.w_in_[(layer, which)][slots].to(act.device, act.dtype)  # [m, d_model, d_head]
+                moved = state["moved"][rows[0] : rows[-1] + 1]
+                act[block(0), :, slots] += torch.einsum("mnpd,mde->npme", moved - state["u"], w)
+                return act
+
+            return hook if rows else None
+
         def on_embed(act):
             if embed is not None:
-                writes[embed] = act[block(0)].clone()
+                record([embed], act[block(0)][None])
 
         hooks[site("embed")] = on_embed
         for layer in range(model.n_layers):
-            slots = by_layer.get(layer, {})
-            head_slots = {r: c for r, c in slots.items() if r.kind == "head"}
-            mlp_slots = {r: c for r, c in slots.items() if r.kind == "mlp"}
-            pre_slots = {**head_slots, **(mlp_slots if self.parallel_ else {})}
-            if pre_slots:
-                hooks[site("resid_pre", layer)] = inputs(pre_slots)
-            for which in "qkv":
-                moved = {r: c for r, c in head_slots.items() if r.input == which}
-                if not moved:
-                    continue
-
-                def on_qkv(act, moved=moved):
-                    act = act.clone()
-                    for r, c in moved.items():
-                        h = r.head * act.shape[2] // model.n_heads  # the head's slot (its group under GQA)
-                        act[block(0), :, h] = act[block(c), :, h]
-                    return act
-
-                hooks[site(which, layer)] = on_qkv
+            mlp_slots = by_layer.get(layer, {})
+            if layer in head_receivers or (mlp_slots and self.parallel_):
+                hooks[site("resid_pre", layer)] = on_resid_pre(layer, mlp_slots if self.parallel_ else {})
+            if layer in head_receivers:
+                hooks[site("attn_in", layer)] = on_attn_in
+                for which in "qkv":
+                    fn = on_qkv(layer, which)
+                    if fn is not None:
+                        hooks[site(which, layer)] = fn
             if layer in heads_at:
 
                 def on_z(act, layer=layer):
-                    w = self._w_o(layer).to(act.device, act.dtype)
-                    for s in heads_at[layer]:
-                        writes[s] = act[block(0), :, s.head] @ w[s.head]
+                    senders = heads_at[layer]
+                    heads = [s.head for s in senders]
+                    w = self._w_o(layer)[heads].to(act.device, act.dtype)  # [m, d_head, d_model]
+                    record(senders, torch.einsum("npme,med->mnpd", act[block(0)][:, :, heads], w))
 
                 hooks[site("z", layer)] = on_z
             if mlp_slots and not self.parallel_:
-                hooks[site("resid_mid", layer)] = inputs(mlp_slots)
+
+                def on_mid(act, mlp_slots=mlp_slots, layer=layer):
+                    act = act.clone()
+                    x = act[block(0)]
+                    for r, d in zip(mlp_slots, deltas(("mlp", layer))):
+                        act[block(mlp_slots[r])] = x - d
+                    return act
+
+                hooks[site("resid_mid", layer)] = on_mid
             if mlp_slots or layer in mlp_senders:
 
                 def on_mlp(act, mlp_slots=mlp_slots, layer=layer):
@@ -308,7 +373,7 @@ class EdgePatching:
                         for _, c in mlp_slots.items():
                             act[block(0)] = act[block(c)]
                     if layer in mlp_senders:
-                        writes[mlp_senders[layer]] = act[block(0)].clone()
+                        record([mlp_senders[layer]], act[block(0)][None])
                     return act
 
                 hooks[site("mlp_out", layer)] = on_mlp
@@ -317,8 +382,7 @@ class EdgePatching:
 
             def on_post(act):
                 act = act.clone()
-                x = act[block(0)]
-                act[block(0)] = x - delta(logits_r, x)
+                act[block(0)] = act[block(0)] - deltas(("logits", None))[0]
                 return act
 
             hooks[site("resid_post", model.n_layers - 1)] = on_post

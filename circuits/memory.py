@@ -42,7 +42,7 @@ def element_bytes(model) -> int:
 def _vocab(model) -> int:
     try:
         return int(model.input_embeddings().shape[0])
-    except TypeError:  # no HuggingFace model to read it from (a TransformerLens-native one)
+    except (TypeError, AttributeError):  # no HuggingFace model to read it from (TransformerLens-native)
         return int(model.backend.bridge.cfg.d_vocab)
 
 

@@ -113,6 +113,9 @@ class Architecture:
     locations: dict[str, Location]
     layers: str  # path of the block list, relative to the base model
     n_layers_attr: str = "num_hidden_layers"
+    #: the norm whose output the attention's q/k/v projections read (``{l}`` = layer); None in a
+    #: post-norm block (BERT), whose attention reads the residual stream itself
+    attn_norm: str | None = None
 
     def location(self, site: str) -> Location:
         return self.locations[parse_site(site).kind]
@@ -152,6 +155,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             pos_embed="wpe",
         ),
         layers="h",
+        attn_norm="h.{l}.ln_1",
     ),
     "gpt_neox": Architecture(
         "gpt_neox",
@@ -168,6 +172,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "mlp",
         ),
         layers="layers",
+        attn_norm="layers.{l}.input_layernorm",
     ),
     "llama": Architecture(
         "llama",
@@ -186,6 +191,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             resid_mid="post_attention_layernorm",
         ),
         layers="layers",
+        attn_norm="layers.{l}.input_layernorm",
     ),
     "bert": Architecture(
         "bert",
@@ -237,7 +243,7 @@ def architecture_for(config) -> Architecture:
     if arch.family == "gpt_neox" and not getattr(config, "use_parallel_residual", True):
         locs = dict(arch.locations)
         locs["hook_resid_mid"] = Location("layers.{l}.post_attention_layernorm", "input")
-        arch = Architecture(arch.family, locs, arch.layers)
+        arch = Architecture(arch.family, locs, arch.layers, attn_norm=arch.attn_norm)
     return arch
 
 

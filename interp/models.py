@@ -133,6 +133,12 @@ class Model:
         ``attn.hook_in @ W + b`` head by head."""
         return self.backend.head_input_weights(layer, which)
 
+    def attention_norm(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The function from ``blocks.{layer}.hook_resid_pre`` to ``blocks.{layer}.attn.hook_in``
+        (the block's first norm), to apply to residual streams of one's own: with
+        :meth:`head_input_weights`, a head's query on any input of its own (edge patching)."""
+        return self.backend.attention_norm(layer)
+
     def attention_pattern(self, inputs, layer: int, padding_side: str | None = None) -> torch.Tensor:
         """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""
         batch = self._on_device(inputs, padding_side)

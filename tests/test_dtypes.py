@@ -6,8 +6,8 @@ analyzer to run and to agree with float32 within tolerances stated against each 
 scale (bfloat16 keeps 8 bits of mantissa, a relative step of 2^-8 = 0.4%; float16 keeps 11):
 
 - activations: within 4% (bfloat16) / 1% (float16) of the site's largest magnitude;
-- patching effects and attribution scores: within 10% / 3% of the largest score, and a Pearson
-  correlation of at least 0.98 / 0.995 with float32 over all rows;
+- patching effects, attribution scores and edge patching's exact metric per pair: within 10% / 3%
+  of the largest score, and a Pearson correlation of at least 0.98 / 0.995 with float32;
 - probes (fitted in float32 from half-precision features): accuracy within 2 points per fold.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import interp
-from circuits import ActivationPatching, AttributionPatching, PathPatching, make_pairs
+from circuits import ActivationPatching, AttributionPatching, EdgePatching, PathPatching, make_pairs
 from interp.relations import Relation
 from probes import ProbeSweep
 
@@ -35,6 +35,10 @@ def _models(model_dirs, family, backend, dtype):
     half = interp.load_model(model_dirs[family], backend=backend, dtype=dtype)
     assert next(half.module.parameters()).dtype == dtype
     return full, half
+
+
+def _pairs_of(model):
+    return make_pairs(model, CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG)
 
 
 def _close_scores(half: np.ndarray, full: np.ndarray, dtype) -> None:
@@ -64,12 +68,19 @@ def test_patching_and_attribution_in_half_precision(model_dirs, backend, dtype):
     full, half = _models(model_dirs, "gpt2", backend, dtype)
     out = {}
     for name, model in (("full", full), ("half", half)):
-        pairs = make_pairs(model, CLEAN, CORRUPTED, answer=ANSWER, wrong=WRONG)
+        pairs = _pairs_of(model)
         act = ActivationPatching(model, "logit_diff", sites=["resid_pre", "z"], progress=False).run(pairs)
         path = PathPatching(model, "logit_diff", progress=False).run(pairs)
         nodes = AttributionPatching(model, "logit_diff", progress=False).nodes(pairs)
         edges = AttributionPatching(model, "logit_diff", ig_steps=3, progress=False).edges(pairs)
         out[name] = {"act": act, "path": path, "nodes": nodes, "edges": edges}
+    masks = torch.rand(4, len(EdgePatching(full, "logit_diff").edges()), generator=torch.Generator().manual_seed(0))
+    masks = (masks < torch.tensor([0.1, 0.3, 0.6, 1.0])[:, None]).float()
+    exact = {
+        name: EdgePatching(model, "logit_diff", progress=False).evaluate(_pairs_of(model), masks).flatten().double()
+        for name, model in (("full", full), ("half", half))
+    }
+    _close_scores(exact["half"].numpy(), exact["full"].numpy(), dtype)
     for what in out["full"]:
         f, h = out["full"][what], out["half"][what]
         assert len(f) == len(h) and np.isfinite(h.score).all(), what

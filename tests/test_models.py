@@ -94,6 +94,11 @@ def test_edge_attribution_and_faithfulness_on_a_native_model():
     rebuilt = torch.einsum("nphe,hed->npd", acts[z], w_o) + b_o
     mask = acts.mask[..., None]
     torch.testing.assert_close(rebuilt * mask, acts[out] * mask, atol=1e-5, rtol=0)
+    pre, inp = "blocks.1.hook_resid_pre", "blocks.1.attn.hook_in"
+    acts2 = interp.capture(model, PROMPTS, sites=[pre, inp], positions="all")
+    with torch.no_grad():
+        normed = model.attention_norm(1)(acts2[pre])
+    torch.testing.assert_close(normed * mask, acts2[inp] * mask, atol=1e-6, rtol=1e-6)
     pairs = make_pairs(
         model, ["the capital of France is", "Mira was born in"], ["the capital of Spain is", "Vorn was born in"],
         answer=["Paris", "Tokyo"], wrong=["Madrid", "Paris"],
@@ -124,6 +129,21 @@ def test_head_input_weights_map_the_attention_input_to_q_k_v(model_dirs, backend
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=lambda m: f"{which}: {m}")
     with pytest.raises(ValueError, match="'q', 'k' or 'v'"):
         model.head_input_weights(1, "z")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama_gqa", "bert"])
+def test_attention_norm_maps_the_residual_to_the_attention_input(model_dirs, backend, family):
+    """``attention_norm(l)`` applied outside the model to ``hook_resid_pre`` gives ``attn.hook_in``
+    (the norm's own forward, so bit for bit up to the kernels; BERT's post-norm block: identity)."""
+    model = interp.load_model(model_dirs[family], backend=backend)
+    for layer in range(model.n_layers):
+        pre, inp = f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_in"
+        acts = interp.capture(model, PROMPTS, sites=[pre, inp], positions="all")
+        with torch.no_grad():
+            got = model.attention_norm(layer)(acts[pre])
+        mask = acts.mask[..., None]
+        torch.testing.assert_close(got * mask, acts[inp] * mask, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(acts[pre], acts[inp]) or family == "bert"
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama", "bert"])

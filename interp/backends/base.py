@@ -173,6 +173,21 @@ class Backend(ABC):
         codec = architecture_for(hf.config).locations[f"attn.hook_{which}"].codec
         return codec.get(raw, arch_info(hf.config)).permute(1, 0, 2)
 
+    def attention_norm(self, layer: int) -> Callable[[Tensor], Tensor]:
+        """The map from ``blocks.{layer}.hook_resid_pre`` to ``blocks.{layer}.attn.hook_in`` (the
+        block's first norm; the identity in a post-norm block), callable outside a forward pass
+        on any ``[..., d_model]`` tensor: the norm module's own ``forward``, called without its
+        hooks (so no interpretability library sees it as a step of the model)."""
+        hf = self._require_hf("attention_norm")
+        path = architecture_for(hf.config).attn_norm
+        if path is None:
+            return _identity
+        prefix = getattr(hf, "base_model_prefix", "")
+        base = prefix + "." if prefix and hasattr(hf, prefix) else ""
+        module = hf.get_submodule(base + path.format(l=layer))
+        forward = type(module).forward
+        return lambda x: forward(module, x)
+
     def _linear_part(self, site_kind: str, layer: int, d_in: int) -> Float[Tensor, "d_in d_out"]:
         """The matrix of the linear module that reads (``attn.hook_z``) or writes (q/k/v) the site:
         ``module(I) - module(0)``, whatever the module's weight layout (Linear or Conv1D)."""
@@ -205,6 +220,10 @@ class Backend(ABC):
             if before not in (None, "eager"):
                 hf.set_attn_implementation(before)
         return out.attentions[layer]
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
 
 
 def accepts_position_ids(hf_model: torch.nn.Module) -> bool:

@@ -163,6 +163,15 @@ class TransformerLensBackend(Backend):
             raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
         return getattr(self.bridge.blocks[layer].attn, "W_" + which.upper()).detach()
 
+    def attention_norm(self, layer: int):
+        """As the nnsight backend reads it (the HuggingFace layer the bridge runs), or the bridge's
+        own ``ln1`` for a native model."""
+        if getattr(self.hf_model, "config", None) is not None:
+            return super().attention_norm(layer)
+        module = self.bridge.blocks[layer].ln1
+        forward = type(module).forward
+        return lambda x: forward(module, x)
+
     @torch.no_grad()
     def attention_pattern(self, input_ids, attention_mask, layer: int):
         """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
