@@ -103,9 +103,23 @@ def make_pairs_for(model, n_pairs: int, n_pos: int):
 
 
 # measurement ------------------------------------------------------------------------------------
+def _release_freed_memory() -> None:
+    """Return the C allocator's freed pages to the OS (glibc ``malloc_trim``), so that resident
+    memory grows with what a row allocates, not less; a no-op where there is no glibc."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """Peak memory growth (MB) while inside: CUDA's allocator on a GPU, resident memory on the CPU
-    (sampled every 2 ms by ``benchmarks/capture.py``'s ``PeakRSS``)."""
+    (sampled every 2 ms by ``benchmarks/capture.py``'s ``PeakRSS``, after freed memory is returned
+    to the OS)."""
 
     def __init__(self, device: str):
         self.device = device
@@ -120,6 +134,7 @@ class PeakMemory:
         else:
             from capture import PeakRSS  # benchmarks/ is on the path when this script runs
 
+            _release_freed_memory()  # else memory freed by earlier work is reused unseen by the RSS
             self.rss = PeakRSS().__enter__()
         return self
 
