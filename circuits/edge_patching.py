@@ -41,6 +41,7 @@ on grouped-query models a key/value receiver is its group's shared key/value.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import pandas as pd
@@ -164,7 +165,9 @@ class EdgePatching:
         copies = [1 + max((len(slots) for slots in plan["by_layer"].values()), default=0) for plan in active]
         per_batch = max(1, self.batch_size // max(copies))
         rows = per_batch * max(copies)
-        writes = 2 * len(self.senders_) * per_batch * pairs.n_pos * self.model.d_model  # source's and this run's
+        heads_per_layer = max(Counter(r.layer for r in self.receivers_ if r.kind == "head").values(), default=0)
+        # the source's writes and this run's differences per sender; the patched heads' norm inputs
+        writes = (2 * len(self.senders_) + heads_per_layer) * per_batch * pairs.n_pos * self.model.d_model
         memory.check_fits(
             memory.forward_bytes(self.model, rows, pairs.n_pos, graph=False)
             + writes * memory.element_bytes(self.model),

@@ -121,6 +121,14 @@ def parse_site(name: str) -> Site:
     return Site(None, name)
 
 
+def is_standard(name: str) -> bool:
+    """Whether ``name`` is in the site vocabulary above (not a backend's own hook name)."""
+    site = parse_site(name)
+    if site.layer is None:
+        return site.kind in GLOBAL_SITES_BEFORE or site.kind in GLOBAL_SITES_AFTER
+    return site.kind in BLOCK_SITES
+
+
 def standard_sites(n_layers: int, kinds_available: set[str] | None = None) -> list[str]:
     """All standard site names of an ``n_layers`` model, in execution order."""
     names = [k for k in GLOBAL_SITES_BEFORE if kinds_available is None or k in kinds_available]

@@ -72,8 +72,9 @@ def test_patching_and_attribution_in_half_precision(model_dirs, backend, dtype):
         act = ActivationPatching(model, "logit_diff", sites=["resid_pre", "z"], progress=False).run(pairs)
         path = PathPatching(model, "logit_diff", progress=False).run(pairs)
         nodes = AttributionPatching(model, "logit_diff", progress=False).nodes(pairs)
-        edges = AttributionPatching(model, "logit_diff", ig_steps=3, progress=False).edges(pairs)
-        out[name] = {"act": act, "path": path, "nodes": nodes, "edges": edges}
+        edges = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+        ig_edges = AttributionPatching(model, "logit_diff", ig_steps=3, progress=False).edges(pairs)
+        out[name] = {"act": act, "path": path, "nodes": nodes, "edges": edges, "ig_edges": ig_edges}
     masks = torch.rand(4, len(EdgePatching(full, "logit_diff").edges()), generator=torch.Generator().manual_seed(0))
     masks = (masks < torch.tensor([0.1, 0.3, 0.6, 1.0])[:, None]).float()
     exact = {

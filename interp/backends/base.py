@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ..architectures import arch_info, architecture_for
-from ..sites import parse_site, site_name
+from ..sites import is_standard, parse_site, site_name
 from ..trainable import LoraSpec
 
 Tensor = torch.Tensor
@@ -89,10 +89,13 @@ class Backend(ABC):
 
     @staticmethod
     def last_site(hooks: Mapping[str, HookFn] | None) -> str | None:
-        """The hooked site a forward pass reaches last (None for no hooks): with
-        ``stop_early=True`` nothing after it runs, not even the unembedding."""
+        """The hooked site a forward pass reaches last (None for no hooks, or when one of them is
+        not a standard site, whose place in the pass is unknown): with ``stop_early=True`` nothing
+        after it runs, not even the unembedding."""
         if not hooks:
             return None
+        if not all(is_standard(name) for name in hooks):
+            return None  # a bridge's own hook name has no known place in the pass: run it all
         return max(hooks, key=lambda name: parse_site(name).order)
 
     def forward(
@@ -185,6 +188,9 @@ class Backend(ABC):
         prefix = getattr(hf, "base_model_prefix", "")
         base = prefix + "." if prefix and hasattr(hf, prefix) else ""
         module = hf.get_submodule(base + path.format(l=layer))
+        # a TransformerBridge installs its own component (with hook points) in the HuggingFace
+        # model's place; the norm is the layer it wraps
+        module = getattr(module, "original_component", None) or module
         forward = type(module).forward
         return lambda x: forward(module, x)
 
@@ -197,9 +203,11 @@ class Backend(ABC):
         loc = architecture_for(hf.config).locations[site_kind]
         module = hf.get_submodule(base + loc.module.format(l=layer))
         weight = getattr(module, "weight", None)
-        if type(module) is torch.nn.Linear:  # y = x W^T + b: its matrix without a matrix product
+        if weight is not None and weight.device.type == "meta":  # offloaded: its hooks load it on a call
+            weight = None
+        if weight is not None and type(module) is torch.nn.Linear:  # y = x W^T + b, without a product
             return weight.detach().T.clone()
-        if type(module).__name__ == "Conv1D" and weight.shape[0] == d_in:  # GPT-2's y = x W + b
+        if weight is not None and type(module).__name__ == "Conv1D" and weight.shape[0] == d_in:  # y = x W + b
             return weight.detach().clone()
         p = next(module.parameters())
         eye = torch.eye(d_in, device=p.device, dtype=p.dtype)
