@@ -118,6 +118,7 @@ class EdgePatching:
         if not self.edges_:
             raise ValueError("no sender writes before any receiver reads: choose senders in earlier layers")
         self.parallel_ = has_parallel_blocks(self.model)
+        self.column_ = {s: i for i, s in enumerate(self.senders_)}  # each sender's row of the differences
         self.w_o_: dict[int, Tensor] = {}
         for layer in sorted({s.layer for s in self.senders_ if s.kind == "head"}):
             self._w_o(layer)
@@ -257,15 +258,14 @@ class EdgePatching:
         for r in sorted(weights, key=lambda r: ("qkv".find(r.input or "q"), r.head or 0)):  # q, k, v rows contiguous
             if r.kind != "logits":
                 groups.setdefault((r.kind, r.layer), []).append(r)
-        column = {s: i for i, s in enumerate(self.senders_)}
-        mixes = {key: _mixing(rs, weights, column) for key, rs in groups.items() if rs}
+        mixes = {key: _mixing(rs, weights, self.column_) for key, rs in groups.items() if rs}
         return {"weights": weights, "by_layer": by_layer, "groups": groups, "mixes": mixes}
 
     @torch.no_grad()
     def _run(self, part: Pairs, target, source_writes: dict[Node, Tensor], plan: dict, copies: int) -> Tensor:
         model, n = self.model, len(part)
         weights, by_layer = plan["weights"], plan["by_layer"]
-        column = {s: i for i, s in enumerate(self.senders_)}
+        column = self.column_
         heads_at: dict[int, list[Node]] = {}
         for s in self.senders_:
             if s.kind == "head":
@@ -297,6 +297,14 @@ class EdgePatching:
         hooks = {}
         state: dict[str, Tensor] = {}
 
+        def give_copies(act: Tensor, layer: int, mlp_slots: dict[Receiver, int]) -> Tensor:
+            """Each patched MLP's copy block gets block 0's residual minus its patched edges."""
+            act = act.clone()
+            x = act[block(0)]
+            for r, d in zip(mlp_slots, deltas(("mlp", layer))):
+                act[block(mlp_slots[r])] = x - d
+            return act
+
         def on_resid_pre(layer: int, mlp_slots: dict[Receiver, int]):
             """Block 0's residual read for the layer's patched heads; the MLP receivers' copies
             (parallel blocks) get block 0's value minus their patched edges."""
@@ -305,12 +313,7 @@ class EdgePatching:
                 x = act[block(0)]
                 if layer in head_receivers:
                     state["moved"] = self.norm_[layer](x[None] - deltas(("head", layer)))  # [R_l, n, pos, d]
-                if not mlp_slots:
-                    return None
-                act = act.clone()
-                for r, d in zip(mlp_slots, deltas(("mlp", layer))):
-                    act[block(mlp_slots[r])] = x - d
-                return act
+                return give_copies(act, layer, mlp_slots) if mlp_slots else None
 
             return hook
 
@@ -361,11 +364,7 @@ class EdgePatching:
             if mlp_slots and not self.parallel_:
 
                 def on_mid(act, mlp_slots=mlp_slots, layer=layer):
-                    act = act.clone()
-                    x = act[block(0)]
-                    for r, d in zip(mlp_slots, deltas(("mlp", layer))):
-                        act[block(mlp_slots[r])] = x - d
-                    return act
+                    return give_copies(act, layer, mlp_slots)
 
                 hooks[site("resid_mid", layer)] = on_mid
             if mlp_slots or layer in mlp_senders:

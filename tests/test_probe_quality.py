@@ -13,6 +13,7 @@ from sklearn.preprocessing import StandardScaler
 from interp.relations import Relation
 from probes import ProbeSweep
 from probes.mdl import block_ends, online_codelength
+from probes.sweep import _class_balanced
 
 
 def planted(n, classes, noise, seed=0, d=12):
@@ -48,8 +49,6 @@ def test_fold_metrics_equal_sklearn_on_the_same_probabilities(c):
     """The vectorized balanced accuracy and AUROC equal scikit-learn's functions on identical
     inputs (1e-12): lopsided classes, tied scores, and a class missing from the fold (NaN where
     scikit-learn refuses)."""
-    from probes.sweep import _class_balanced
-
     rng = np.random.default_rng(c)
     for trial in range(40):
         n = int(rng.integers(c + 2, 60))

@@ -185,9 +185,7 @@ class Backend(ABC):
         path = architecture_for(hf.config).attn_norm
         if path is None:
             return _identity
-        prefix = getattr(hf, "base_model_prefix", "")
-        base = prefix + "." if prefix and hasattr(hf, prefix) else ""
-        module = hf.get_submodule(base + path.format(l=layer))
+        module = _submodule(hf, path.format(l=layer))
         # a TransformerBridge installs its own component (with hook points) in the HuggingFace
         # model's place; the norm is the layer it wraps
         module = getattr(module, "original_component", None) or module
@@ -198,10 +196,7 @@ class Backend(ABC):
         """The matrix of the linear module that reads (``attn.hook_z``) or writes (q/k/v) the site:
         ``module(I) - module(0)``, whatever the module's weight layout (Linear or Conv1D)."""
         hf = self._require_hf("reading weights")
-        prefix = getattr(hf, "base_model_prefix", "")
-        base = prefix + "." if prefix and hasattr(hf, prefix) else ""
-        loc = architecture_for(hf.config).locations[site_kind]
-        module = hf.get_submodule(base + loc.module.format(l=layer))
+        module = _submodule(hf, architecture_for(hf.config).locations[site_kind].module.format(l=layer))
         weight = getattr(module, "weight", None)
         if weight is not None and weight.device.type == "meta":  # offloaded: its hooks load it on a call
             weight = None
@@ -228,6 +223,13 @@ class Backend(ABC):
             if before not in (None, "eager"):
                 hf.set_attn_implementation(before)
         return out.attentions[layer]
+
+
+def _submodule(hf: torch.nn.Module, path: str) -> torch.nn.Module:
+    """A module by its path relative to the base model (as the architecture table writes it)."""
+    prefix = getattr(hf, "base_model_prefix", "")
+    base = prefix + "." if prefix and hasattr(hf, prefix) else ""
+    return hf.get_submodule(base + path)
 
 
 def _identity(x: Tensor) -> Tensor:
