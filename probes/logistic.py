@@ -103,9 +103,7 @@ def fit_logistic(
         n_classes = torch.where(train, y, torch.zeros_like(y)).amax(-1) + 1
     n_classes = torch.as_tensor(n_classes, device=device)
     n_classes = n_classes[None].expand(G, K) if n_classes.dim() == 1 else n_classes.expand(G, K)
-    c = int(n_classes.max())
-    n_train = train.sum(-1).to(dtype)  # [G, K]
-    if (n_train == 0).any():
+    if (train.sum(-1) == 0).any():
         raise ValueError("a probe has no training samples")
     if reduce is None:
         reduce = d > 512 and d >= 2 * n
@@ -113,6 +111,19 @@ def fit_logistic(
         return _fit_in_training_span(
             X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, precondition
         )
+    return _fit(X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, precondition and "dense")
+
+
+def _fit(X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, preconditioner) -> LogisticFit:
+    """The solver of :func:`fit_logistic` on normalized inputs (``X [G, n, d]``, ``y`` and
+    ``train [G, K, n]``, ``n_classes [G, K]``). ``preconditioner``: ``"dense"`` (the Cholesky
+    factor of ``a R + lam I``), ``"diagonal"`` (its diagonal: exact when ``R`` is diagonal, as in
+    the training span's coordinates) or ``False``."""
+    G, n, d = X.shape
+    K = y.shape[1]
+    device = X.device
+    c = int(n_classes.max())
+    n_train = train.sum(-1).to(dtype)  # [G, K]
     C_eff = torch.where(n_classes == 2, C / 2.0, C).to(dtype)
     W = {}  # the working set: every per-group tensor, sliced together when groups finish
     W["lam"] = 1.0 / (C_eff * n_train)  # [G, K]
@@ -125,8 +136,8 @@ def fit_logistic(
         W["scale"], W["shift"] = _scaling(W["weight"], X)
     reg_mask = torch.ones(d + 1, 1, dtype=dtype, device=device)
     reg_mask[-1] = 0.0  # no penalty on the intercept
-    if precondition:
-        W["chol"] = _preconditioner(W, n_classes, standardize, d)
+    if preconditioner:
+        W["precond"] = _preconditioner(W, n_classes, standardize, d, diagonal=preconditioner == "diagonal")
 
     def effective(theta):  # standardized-space parameters -> raw-space parameters
         if not standardize:
@@ -162,7 +173,9 @@ def fit_logistic(
         return f, g
 
     def precond(v):  # approximate inverse Hessian (see _preconditioner), or the identity
-        return torch.cholesky_solve(v, W["chol"]) if precondition else v
+        if preconditioner == "diagonal":
+            return v / W["precond"][..., None]
+        return torch.cholesky_solve(v, W["precond"]) if preconditioner else v
 
     def dot(a, b):
         return (a * b).sum((-1, -2))
@@ -209,7 +222,7 @@ def fit_logistic(
             yPy = dot(Yh[-1], precond(Yh[-1]))
             gamma = torch.where(rho[-1] > 0, 1.0 / (rho[-1] * yPy).clamp(min=1e-30), torch.ones_like(yPy))
         else:
-            gamma = torch.ones_like(f) if precondition else 1.0 / g.abs().sum((-1, -2)).clamp(min=1.0)
+            gamma = torch.ones_like(f) if preconditioner else 1.0 / g.abs().sum((-1, -2)).clamp(min=1.0)
         r = gamma[..., None, None] * r
         for (s_j, y_j, r_j), a in zip(zip(S, Yh, rho), reversed(alphas)):
             b = r_j * dot(y_j, r)
@@ -257,48 +270,67 @@ def _fit_in_training_span(X, y, train, n_classes, C, max_iter, tol, history, dty
 
     With an L2 penalty the optimum lies in the row space of the (standardized) training features:
     at the optimum ``lam W = -X_train^T (P - Y) / n``. So with ``V`` an orthonormal basis of that
-    row space (``[d, r]``, ``r <= n``), ``W = V B`` and ``||W|| = ||B||``, and the problem in the
-    ``r`` features ``Z = X V`` has the same objective, the same optimum and the same predictions.
-    When ``d`` is large and ``n`` small (a hidden state of a real model, a few hundred subjects),
-    every solver step then costs ``n`` instead of ``d`` per row, and the preconditioner factorizes
-    an ``n x n`` matrix instead of ``d x d``. ``V`` comes from the eigendecomposition of the
-    training Gram matrix ``X_train X_train^T`` (directions with eigenvalue below ``1e-10`` of the
-    largest are dropped: zero columns, whose coefficients the penalty keeps at zero)."""
+    row space (``[d, r]``, ``r <= n_train``), ``W = V B`` and ``||W|| = ||B||``, and the problem
+    in the ``r`` features ``Z = X V`` has the same objective, the same optimum and the same
+    predictions. When ``d`` is large and ``n`` small (a hidden state of a real model, a few
+    hundred subjects), every solver step then costs ``n_train`` instead of ``d`` per row.
+
+    ``V`` is never formed: with the eigendecomposition ``X_train X_train^T = U L U^T`` of the
+    training Gram matrix, ``V = X_train^T U L^-1/2``, so ``Z = (X X_train^T) U L^-1/2`` and
+    ``W = X_train^T (U L^-1/2 B)``: one product of ``d``-long rows (every row against the training
+    rows), the rest in ``n x n_train``. Directions with eigenvalue below ``1e-10`` of the largest
+    are dropped (zero columns, whose coefficients the penalty keeps at zero). In these coordinates
+    the training rows are ``U L^1/2``: their second-moment matrix is diagonal (``L / n_train``),
+    and with standardized (so centred) features uncorrelated with the intercept too, so the
+    solver's preconditioner is exactly its diagonal and costs nothing to apply."""
     G, n, d = X.shape
     K = y.shape[1]
     weight = train.to(dtype) / train.sum(-1, keepdim=True).to(dtype)
     if standardize:
         scale, shift = _scaling(weight, X)  # [G, K, d]
-        Xs = X[:, None] * scale[:, :, None, :] - shift[:, :, None, :]  # [G, K, n, d]
-    else:
-        Xs = X[:, None].expand(G, K, n, d)
-    Xtr = (Xs * train[..., None].to(dtype)).double()
-    evals, U = torch.linalg.eigh(Xtr @ Xtr.transpose(-1, -2))  # [G, K, n], [G, K, n, n]
-    kept = evals > 1e-10 * evals.amax(-1, keepdim=True).clamp(min=1e-300)
-    inv_sqrt = torch.where(kept, evals.clamp(min=1e-300).rsqrt(), torch.zeros_like(evals))
-    V = (Xtr.transpose(-1, -2) @ U * inv_sqrt[..., None, :]).to(dtype)  # [G, K, d, n], orthonormal columns
-    Z = (Xs @ V).reshape(G * K, n, n)
-    fit = fit_logistic(
-        Z,
+    m = int(train.sum(-1).max())  # training rows, gathered first and padded to the largest count
+    rows = torch.argsort((~train).to(torch.int8), dim=-1, stable=True)[..., :m]  # [G, K, m]
+    valid = torch.gather(train, -1, rows).double()  # [G, K, m]
+    Z = torch.zeros(G, K, n, m, dtype=dtype, device=X.device)
+    basis = torch.zeros(G, K, m, m, dtype=torch.float64, device=X.device)  # U L^-1/2
+    for g in range(G):  # one group at a time: at most K x n x d values in float64
+        Xs = X[g].double()[None].expand(K, n, d)  # [K, n, d]
+        if standardize:
+            Xs = Xs * scale[g, :, None, :].double() - shift[g, :, None, :].double()  # [K, n, d]
+        Xtr = torch.gather(Xs, 1, rows[g, :, :, None].expand(K, m, d)) * valid[g, :, :, None]  # [K, m, d]
+        A = Xs @ Xtr.transpose(-1, -2)  # [K, n, m]: every row against the training rows
+        gram = torch.gather(A, 1, rows[g, :, :, None].expand(K, m, m)) * valid[g, :, :, None]
+        evals, U = torch.linalg.eigh(gram)  # reads the lower triangle
+        kept = evals > 1e-10 * evals.amax(-1, keepdim=True).clamp(min=1e-300)
+        inv_sqrt = torch.where(kept, evals.clamp(min=1e-300).rsqrt(), torch.zeros_like(evals))
+        basis[g] = U * inv_sqrt[..., None, :]
+        Z[g] = (A @ basis[g]).to(dtype)
+    fit = _fit(
+        Z.reshape(G * K, n, m),
         y.reshape(G * K, 1, n),
         train.reshape(G * K, 1, n),
         n_classes.reshape(G * K, 1),
-        C=C,
-        max_iter=max_iter,
-        tol=tol,
-        history=history,
-        dtype=dtype,
-        standardize=False,
-        precondition=precondition,
-        reduce=False,
+        C,
+        max_iter,
+        tol,
+        history,
+        dtype,
+        False,
+        precondition and ("diagonal" if standardize else "dense"),
     )
     c = fit.coef.shape[-1]
-    w_std = V @ fit.coef.reshape(G, K, n, c)  # [G, K, d, c], on standardized features
-    b = fit.intercept.reshape(G, K, c)
-    if standardize:  # back to raw features: x~ = x * scale - shift
-        b = b - torch.einsum("gkd,gkdc->gkc", shift, w_std)
-        w_std = w_std * scale[..., None]
-    return LogisticFit(w_std, b, fit.n_iter.reshape(G, K), fit.converged.reshape(G, K))
+    coef = basis @ fit.coef.reshape(G, K, m, c).double() * valid[..., None]  # [G, K, m, c]: U L^-1/2 B
+    full = torch.zeros(G, K, n, c, dtype=torch.float64, device=X.device).scatter_(
+        2, rows[..., None].expand(G, K, m, c), coef
+    )  # on all n rows, zero outside the training rows
+    # W = X_train~^T (U L^-1/2 B), with x~ = x * scale - shift: scale * (X^T full) - shift * sum(full)
+    w = torch.einsum("gnd,gknc->gkdc", X.double(), full)
+    b = fit.intercept.reshape(G, K, c).double()
+    if standardize:
+        w = w * scale[..., None].double() - shift[..., None].double() * full.sum(2)[:, :, None, :]
+        b = b - torch.einsum("gkd,gkdc->gkc", shift.double(), w)  # back to raw features
+        w = w * scale[..., None].double()
+    return LogisticFit(w.to(dtype), b.to(dtype), fit.n_iter.reshape(G, K), fit.converged.reshape(G, K))
 
 
 def _scaling(weight: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
@@ -312,9 +344,19 @@ def _scaling(weight: Tensor, X: Tensor) -> tuple[Tensor, Tensor]:
     return (1 / sd).to(X.dtype), (mu / sd).to(X.dtype)
 
 
-def _preconditioner(W: dict, n_classes: Tensor, standardize: bool, d: int) -> Tensor:
-    """Cholesky factors ``[G, K, d + 1, d + 1]`` of ``a R + lam I`` (see module docstring)."""
+def _preconditioner(W: dict, n_classes: Tensor, standardize: bool, d: int, diagonal: bool = False) -> Tensor:
+    """Cholesky factors ``[G, K, d + 1, d + 1]`` of ``a R + lam I`` (see module docstring), or with
+    ``diagonal`` its diagonal ``[G, K, d + 1]`` (used where ``R`` is diagonal; see
+    :func:`_fit_in_training_span`)."""
     Xa, w = W["Xa"], W["weight"]
+    c = n_classes.to(Xa.dtype)
+    a = (1 - 1 / c) / c
+    reg = torch.ones(d + 1, dtype=Xa.dtype, device=Xa.device)
+    reg[d] = 0.0
+    if diagonal:
+        assert not standardize, "the diagonal preconditioner acts on features as given"
+        R_diag = torch.einsum("gkn,gnd->gkd", w, Xa * Xa)
+        return a[..., None] * R_diag + W["lam"][..., None] * reg + 1e-8
     R = torch.einsum("gkn,gnd,gne->gkde", w, Xa, Xa)  # raw second moments of the training rows
     if standardize:  # R in standardized coordinates: A R A^T with x~ = x * scale - shift, 1
         A = torch.zeros(*R.shape, dtype=R.dtype, device=R.device)
@@ -323,10 +365,6 @@ def _preconditioner(W: dict, n_classes: Tensor, standardize: bool, d: int) -> Te
         A[..., :d, d] = -W["shift"]
         A[..., d, d] = 1.0
         R = A @ R @ A.transpose(-1, -2)
-    c = n_classes.to(R.dtype)
-    a = (1 - 1 / c) / c
-    reg = torch.ones(d + 1, dtype=R.dtype, device=R.device)
-    reg[d] = 0.0
     M = a[..., None, None] * R + torch.diag_embed(W["lam"][..., None] * reg + 1e-8)
     # A constant feature makes a direction of M zero up to rounding, and the rounding (summation
     # order, so the thread count and the CPU) can make it slightly negative. The preconditioner

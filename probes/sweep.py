@@ -338,9 +338,12 @@ class ProbeSweep:
                 "converged": bool(converged[k]),
             }
             if kind == "task" and self.readout:
-                order = logp[k].argsort(-1, descending=True)
-                for i in np.flatnonzero(p.folds[si] == fold):
-                    ranked = [p.classes[j] for j in order[i, :k_read].tolist()]
+                held = np.flatnonzero(p.folds[si] == fold)
+                order = logp[k][held].argsort(-1, descending=True)  # [held, c]
+                ranks = (order == torch.as_tensor(p.y[held])[:, None]).int().argmax(-1) + 1
+                names = np.asarray(p.classes, dtype=object)
+                top_names = names[order[:, :k_read].numpy()].tolist()
+                for i, ranked, rank in zip(held.tolist(), top_names, ranks.tolist()):
                     readout.append(
                         {
                             "model": model_name,
@@ -353,7 +356,7 @@ class ProbeSweep:
                             "answer": p.classes[p.y[i]],
                             "predicted": ranked[0],
                             "top_answers": ranked,
-                            "answer_rank": int((order[i] == p.y[i]).nonzero()[0, 0]) + 1,
+                            "answer_rank": rank,
                         }
                     )
         for seed in self.seeds:

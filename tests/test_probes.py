@@ -85,6 +85,7 @@ def test_fits_in_the_training_span_equal_the_full_fits_and_sklearn(standardize):
     rng = np.random.default_rng(2)
     X = torch.tensor(rng.normal(size=(2, 60, 150)) * np.linspace(0.2, 20, 150) + 3.0)
     X[1, :, 0] = 3.0  # a constant feature
+    X[0, 1] = X[0, 0]  # two subjects with one hidden state (a rank-deficient Gram matrix)
     y = torch.tensor(rng.integers(0, 3, size=(2, 60)))
     train = torch.tensor(rng.random((2, 60)) < 0.75)
     kw = dict(C=0.5, tol=1e-8, dtype=torch.float64, standardize=standardize, max_iter=5000)
