@@ -23,9 +23,15 @@ reports wall time and peak memory (resident-set growth on the CPU, sampled every
 
     python benchmarks/scale.py [--shape gpt2-small|llama-small|both] [--rows capture,eap,...]
                                [--device cpu|cuda] [--dtype float32|bfloat16] [--repeats 3]
+                               [--auto-circuit-python PATH]
 
-auto-circuit (edge attribution and circuit evaluation) pins ``kaleido==0.2.1`` and an older
-TransformerLens (``HookedTransformer``); it is not run here (see docs/benchmarks.md).
+- activation: ``ActivationPatching`` of ``resid_pre`` at every (layer, position), 4 pairs; floor:
+  one forward per cell; peer: TransformerLens ``patching.get_act_patch_resid_pre`` (one forward per cell).
+
+auto-circuit (edge attribution and circuit evaluation) pins ``kaleido==0.2.1``, which the
+project's plots cannot use, so it runs in an environment of its own:
+``--auto-circuit-python .venv-auto-circuit/bin/python`` (built as
+``benchmarks/peers/auto_circuit_peer.py`` says) adds its rows at GPT-2-small shape.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-ROWS = ("capture", "eap", "eap_ig", "path", "faithfulness", "probes")
+ROWS = ("capture", "eap", "eap_ig", "activation", "path", "faithfulness", "probes")
 SHAPES = ("gpt2-small", "llama-small")
 N_WORDS = {"gpt2-small": 50257, "llama-small": 32000}
 
@@ -168,6 +174,13 @@ def measure(fn, repeats: int, device: str, warm_up: bool = True) -> tuple[float,
     return statistics.median(times), max(peaks)
 
 
+def once(fn, args):
+    """``(fn(), seconds, peak MB)`` of a single run, no warm-up: for rows that take minutes."""
+    out = {}
+    t, mb = measure(lambda: out.setdefault("value", fn()), 1, args.device, warm_up=False)
+    return out["value"], t, mb
+
+
 # rows -------------------------------------------------------------------------------------------
 def floors(model, pairs, repeats, device):
     """A bare forward, and a forward + backward to the input embeddings, of the pairs' clean batch."""
@@ -288,19 +301,64 @@ def row_eap(model, path, args, ig_steps=None):
     ]
 
 
+def row_activation(model, path, args):
+    import torch
+    from transformer_lens import patching
+
+    import interp
+    from circuits import ActivationPatching
+
+    n_pairs = 4  # TransformerLens runs one forward per cell: 288 of them
+    pairs = make_pairs_for(model, n_pairs, args.pos)
+    fl = floors(model, pairs, args.repeats, args.device)
+    ap = ActivationPatching(model, "logit_diff", sites=["resid_pre"], progress=False)
+    res = {}
+    res["df"], t, mb = once(lambda: ap.run(pairs), args)
+    cells = len(res["df"])
+    bridge = interp.load_model(path, backend="transformer_lens", device=args.device, dtype=args.torch_dtype)
+    bridge = bridge.backend.bridge
+    _, clean_cache = bridge.run_with_cache(pairs.clean.input_ids)
+    a, w, rows = pairs.answer, pairs.wrong, torch.arange(len(pairs.answer))
+
+    def tl_patching():
+        with torch.no_grad():
+            res["tl"] = patching.get_act_patch_resid_pre(
+                bridge,
+                pairs.corrupted.input_ids,
+                clean_cache,
+                lambda logits: (logits[rows, -1, a] - logits[rows, -1, w]).mean(),
+            )
+
+    t_tl, mb_tl = measure(tl_patching, 1, args.device, warm_up=False)
+    diff = (torch.tensor(res["df"]["score"].to_numpy()).reshape(res["tl"].shape) - res["tl"].float()).abs().max()
+    return [
+        {"what": f"floor: forward, {n_pairs} pairs", "seconds": fl["forward_s"], "ratio": 1.0},
+        {
+            "what": f"ActivationPatching, resid_pre x {cells} (layer, position) cells",
+            "seconds": t,
+            "peak_mb": mb,
+            "ratio": t / cells / fl["forward_s"],
+            "ratio_is": "forwards per cell",
+            "max_score_diff": float(diff),
+        },
+        {
+            "what": "TransformerLens patching.get_act_patch_resid_pre",
+            "seconds": t_tl,
+            "peak_mb": mb_tl,
+            "ratio": t_tl / cells / fl["forward_s"],
+            "ratio_is": "forwards per cell",
+        },
+    ]
+
+
 def row_path(model, path, args):
     from circuits import PathPatching
 
     pairs = make_pairs_for(model, args.pairs, args.pos)
     fl = floors(model, pairs, args.repeats, args.device)
     pp = PathPatching(model, "logit_diff", receivers=["logits"], progress=False)
-    res = {}
-
-    def run():
-        res["df"] = pp.run(pairs)
-
-    t, mb = measure(run, 1, args.device, warm_up=False)
-    n_senders = len(res["df"])
+    df, t, mb = once(lambda: pp.run(pairs), args)
+    n_senders = len(df)
     per_sender = t / n_senders / fl["forward_s"]
     return [
         {"what": "floor: forward, 16 pairs", "seconds": fl["forward_s"], "ratio": 1.0},
@@ -413,6 +471,21 @@ def row_probes(model, path, args):
     ]
 
 
+def markdown_table(path: Path) -> str:
+    """The rows saved by ``--out`` as the markdown table in docs/benchmarks.md."""
+    lines = ["| row | what | seconds | peak MB | ratio | target | measured |", "|---|---|---|---|---|---|---|"]
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        mb = f"{r['peak_mb']:.0f}" if r.get("peak_mb") is not None else ""
+        ratio = f"{r['ratio']:.2f}" if r.get("ratio") is not None else ""
+        if ratio and r.get("ratio_is"):
+            ratio += f" ({r['ratio_is']})"
+        target = f"{r['target']:.2f}" if r.get("target") is not None else ""
+        cells = [r["row"], r["what"], f"{r['seconds']:.2f}", mb, ratio, target, r.get("measured", "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_row(args) -> list[dict]:
     import torch
 
@@ -425,6 +498,7 @@ def run_row(args) -> list[dict]:
         "capture": row_capture,
         "eap": row_eap,
         "eap_ig": lambda m, p, a: row_eap(m, p, a, ig_steps=5),
+        "activation": row_activation,
         "path": row_path,
         "faithfulness": row_faithfulness,
         "probes": row_probes,
@@ -443,9 +517,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "interp-scale-models"))
+    ap.add_argument(
+        "--auto-circuit-python",
+        default=None,
+        help="the python of an environment with auto-circuit (see benchmarks/peers/auto_circuit_peer.py): "
+        "also run its EAP and circuit evaluation at GPT-2-small shape",
+    )
     ap.add_argument("--out", default=None, help="also write every row as JSON lines to this file")
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # one row, in a child process
+    ap.add_argument("--table", default=None, help="print the rows saved by --out as docs/benchmarks.md's table")
     args = ap.parse_args()
+    if args.table:
+        print(markdown_table(Path(args.table)))
+        return
     import torch
 
     args.torch_dtype = getattr(torch, args.dtype)
@@ -478,11 +562,26 @@ def main() -> None:
                 ratio = f"{rec['ratio']:.2f}" if rec.get("ratio") is not None else ""
                 target = f"{rec['target']:.2f}" if rec.get("target") is not None else ""
                 print(f"{rec['what']:<72}{rec['seconds']:>9.2f}{mb:>9}{ratio:>8}{target:>8}", flush=True)
+                if rec.get("max_score_diff") is not None:
+                    print(f"  largest |score - TransformerLens'| of a cell: {rec['max_score_diff']:.1e}", flush=True)
                 if rec.get("max_acc_diff") is not None:
                     diff = f"largest {rec['max_acc_diff']:.3f}, mean {rec['mean_acc_diff']:.4f}"
                     print(f"  |accuracy - scikit-learn's| per cell: {diff}", flush=True)
+    if args.auto_circuit_python:
+        print("\n== auto-circuit, gpt2-small shape (its own environment)")
+        cmd = [args.auto_circuit_python, str(Path(__file__).parent / "peers" / "auto_circuit_peer.py")]
+        cmd += [f"--pairs={args.pairs}", f"--pos={args.pos}", f"--repeats={args.repeats}", f"--threads={args.threads}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"auto-circuit: failed\n{done.stderr[-3000:]}")
+        else:
+            for rec in json.loads(done.stdout.strip().splitlines()[-1]):
+                rec.update(shape="gpt2-small", row="auto-circuit", device="cpu", dtype="float32")
+                records.append(rec)
+                print(f"{rec['what']:<72}{rec['seconds']:>9.2f}{'':>9}{rec['ratio']:>8.2f}", flush=True)
     if args.out:
-        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in records))
+        today = time.strftime("%Y-%m-%d")
+        Path(args.out).write_text("".join(json.dumps({**r, "measured": today}) + "\n" for r in records))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from interp import memory
 from interp.progress import progress_bar
 from interp.sites import HEAD_KINDS, SHORT_KINDS
 
@@ -147,6 +148,7 @@ class ActivationPatching:
                     self._cells(kind, pairs.n_pos, {lyr: heads if kind in HEAD_KINDS else 1 for lyr in self.layers_})
                 )
             check_memory(n_cells, n_total, self.uncertainty_, "activation patching")
+        self._check_memory(pairs)
         parts = list(pairs.batches(self.batch_size))
         bar = progress_bar(
             total=len(parts) * len(self.sites_), desc="activation patching", unit="site batches", progress=self.progress
@@ -207,6 +209,24 @@ class ActivationPatching:
             self.per_pair_ = torch.stack([torch.cat(kept[key]) for key in sums])
             df = attach(df, self.per_pair_ - self.baseline_, self.uncertainty_)
         return df
+
+    def _check_memory(self, pairs: Pairs) -> None:
+        """Refuse before any pass if one pass, the source run's cache of one site kind (every
+        layer) and the hook's tiled source rows would not fit."""
+        model, n = self.model, min(self.batch_size, len(pairs))
+        rows = max(self.batch_size, n)  # patches x pairs per pass
+        need = (
+            memory.forward_bytes(model, rows, pairs.n_pos, graph=False)
+            + memory.activation_bytes(model, n, pairs.n_pos, sites=len(self.layers_))
+            + memory.activation_bytes(model, rows, pairs.n_pos, sites=2)
+        )
+        memory.check_fits(
+            need,
+            model,
+            f"activation patching of {len(self.layers_)} layers on passes of {rows} rows x {pairs.n_pos} positions",
+            f"use a smaller batch_size (now {self.batch_size} rows per pass), fewer layers (layers=[...]) "
+            "or shorter prompts",
+        )
 
     @torch.no_grad()
     def _patched(self, part: Pairs, target, src, names, kind: str, chunk: list[tuple]) -> torch.Tensor:

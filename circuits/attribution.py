@@ -41,10 +41,10 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from interp import memory
 from interp.progress import progress_bar
 from interp.sites import parse_site
 
-from . import memory
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
@@ -204,6 +204,14 @@ class AttributionPatching:
                 self.uncertainty_,
                 "attribution patching",
             )
+        rows = min(self.batch_size, len(pairs))
+        memory.check_fits(  # the graph, both runs' caches of the node sites and their gradients
+            memory.forward_bytes(self.model, rows, pairs.n_pos, graph=True)
+            + memory.activation_bytes(self.model, rows, pairs.n_pos, sites=3 * len(sites)),
+            self.model,
+            f"node attribution of {len(sites)} sites on batches of {rows} pairs x {pairs.n_pos} positions",
+            f"use a smaller batch_size (now {self.batch_size} pairs), fewer nodes (nodes=[...]) or shorter prompts",
+        )
         bar = progress_bar(total=len(pairs), desc="attribution (nodes)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)

@@ -48,9 +48,9 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
+from interp import memory
 from interp.progress import progress_bar
 
-from . import memory
 from .components import Node, Receiver, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs

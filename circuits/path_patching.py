@@ -37,6 +37,7 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
+from interp import memory
 from interp.progress import progress_bar
 
 from .components import Node, Receiver, parse_nodes, parse_receivers
@@ -170,6 +171,7 @@ class PathPatching:
         baseline: list[Tensor] = []
         if self.uncertainty_ is not None:
             check_memory(len(edges), n_total, self.uncertainty_, "path patching")
+        self._check_memory(pairs)
         target_score = source_score = 0.0
         parts = list(pairs.batches(self.batch_size))
         senders = [s for s in self.senders_ if any(e[0] == s for e in edges)]
@@ -246,6 +248,24 @@ class PathPatching:
         return df
 
     # ------------------------------------------------------------------------------------------
+    def _check_memory(self, pairs: Pairs) -> None:
+        """Refuse before any pass if one pass, both runs' caches of every head's and MLP's output,
+        the receivers' recorded inputs and the tiled rows would not fit."""
+        model, n = self.model, min(self.batch_size, len(pairs))
+        rows = max(self.batch_size, n)
+        recorded = len({receiver_site(model, r) for g in self.groups_ for r in g})
+        need = (
+            memory.forward_bytes(model, rows, pairs.n_pos, graph=False)
+            + memory.activation_bytes(model, n, pairs.n_pos, sites=2 * len(self._frozen_sites()))
+            + memory.activation_bytes(model, rows, pairs.n_pos, sites=recorded + 2)
+        )
+        memory.check_fits(
+            need,
+            model,
+            f"path patching on passes of {rows} rows x {pairs.n_pos} positions",
+            f"use a smaller batch_size (now {self.batch_size} rows per pass), fewer receivers or shorter prompts",
+        )
+
     def _frozen_sites(self) -> list[str]:
         names = [site("z", layer) for layer in range(self.model.n_layers)]
         if self.has_mlp_:

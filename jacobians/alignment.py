@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from .jacobian import _check_order, batches, forward_with_input, jacobian_of, vjp
+from .jacobian import _check_order, batches, coordinates_per_pass, forward_with_input, jacobian_of, vjp
 
 Tensor = torch.Tensor
 
@@ -92,6 +92,7 @@ def jacobian_alignment(
     _check_order(model, wrt, of)
     frames = []
     for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
+        chunk = coordinates_per_pass(model, batch, wrt, of)
         xs, y = forward_with_input(model, batch, wrt, of, wpos, opos)
-        frames.append(alignment_scores(jacobian_of(y, xs).detach(), xs.detach()))
+        frames.append(alignment_scores(jacobian_of(y, xs, chunk=chunk).detach(), xs.detach()))
     return pd.concat(frames, ignore_index=True)

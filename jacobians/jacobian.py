@@ -6,7 +6,9 @@ is a ``[d_out, d_in]`` matrix. Examples in a batch do not interact, so one forwa
 batch and one *vmapped* backward pass, with a one-hot cotangent per output coordinate, give
 every example's full Jacobian at once (``torch.autograd.grad(..., is_grads_batched=True)``, which
 runs ``torch.func.vmap`` over the vector-Jacobian product). ``method="loop"`` does the same with
-one backward pass per output coordinate, the reference the benchmark compares against.
+one backward pass per output coordinate, the reference the benchmark compares against. Each
+vmapped coordinate holds its own backward buffers, so the coordinates go in as many passes as the
+free memory needs (:mod:`interp.memory`; the logits of a large vocabulary take several).
 
 The input is replaced by a fresh leaf tensor at its site, so any site works on either backend;
 the output must come after the input in the forward pass (else: :class:`JacobianError`).
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 import torch
 from jaxtyping import Float
 
+from interp import memory
 from interp.prompts import as_prompts
 from interp.sites import parse_site
 from interp.tokens import Batch, resolve_positions
@@ -111,15 +114,42 @@ def jacobian(
     _check_order(model, wrt, of)
     out = []
     for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
+        chunk = coordinates_per_pass(model, batch, wrt, of) if method == "vmap" else None
         x, y = forward_with_input(model, batch, wrt, of, wpos, opos)
-        out.append(jacobian_of(y, x, method).detach())
+        out.append(jacobian_of(y, x, method, chunk=chunk).detach())
     return torch.cat(out)
 
 
+def coordinates_per_pass(model, batch: Batch, wrt: str, of: str) -> int | None:
+    """How many output coordinates one vmapped backward pass of ``batch`` can take, called before
+    its forward pass: each holds its own backward buffers (a few residual-sized gradients per
+    token and, with ``of="logits"``, the logits' gradient at every position) beside the graph.
+    Half the free memory goes to them (``None``: no limit known). Refuses (``MemoryError``) when
+    the graph and a single coordinate do not fit."""
+    rows, n_pos = batch.input_ids.shape
+    graph = memory.forward_bytes(model, rows, n_pos, graph=True)
+    per = memory.activation_bytes(model, rows, n_pos, sites=8)
+    if of == "logits":
+        per += rows * n_pos * memory.vocab_size(model) * memory.element_bytes(model)
+    memory.check_fits(
+        graph + per,
+        model,
+        f"a Jacobian of {wrt} -> {of} on batches of {rows} prompts x {n_pos} positions",
+        "use a smaller batch_size or shorter prompts",
+    )
+    free = memory.available_bytes(model.device) if memory.enabled else None
+    return None if free is None else int(max(1, (free // 2 - graph) // per))
+
+
 def jacobian_of(
-    y: Float[Tensor, "batch d_out"], x: Float[Tensor, "batch d_in"], method: str = "vmap", create_graph: bool = False
+    y: Float[Tensor, "batch d_out"],
+    x: Float[Tensor, "batch d_in"],
+    method: str = "vmap",
+    create_graph: bool = False,
+    chunk: int | None = None,
 ) -> Float[Tensor, "batch d_out d_in"]:
-    """Per-example Jacobians of ``y`` w.r.t. ``x`` (rows of the batch independent)."""
+    """Per-example Jacobians of ``y`` w.r.t. ``x`` (rows of the batch independent). ``chunk``:
+    output coordinates per vmapped backward pass (default: all in one)."""
     d_out = y.shape[1]
     if not y.requires_grad:
         raise JacobianError(
@@ -128,19 +158,23 @@ def jacobian_of(
         )
     eye = torch.eye(d_out, dtype=y.dtype, device=y.device)
     if method == "vmap":
-        cot = eye[:, None, :].expand(d_out, y.shape[0], d_out)
-        (g,) = torch.autograd.grad(
-            y,
-            x,
-            grad_outputs=cot,
-            is_grads_batched=True,
-            retain_graph=True,
-            create_graph=create_graph,
-            allow_unused=True,
-        )
-        if g is None:
-            raise JacobianError("the output does not depend on the input")
-        return g.movedim(0, 1)
+        parts = []
+        step = d_out if chunk is None else max(1, chunk)
+        for start in range(0, d_out, step):
+            cot = eye[start : start + step, None, :].expand(-1, y.shape[0], d_out)
+            (g,) = torch.autograd.grad(
+                y,
+                x,
+                grad_outputs=cot,
+                is_grads_batched=True,
+                retain_graph=True,
+                create_graph=create_graph,
+                allow_unused=True,
+            )
+            if g is None:
+                raise JacobianError("the output does not depend on the input")
+            parts.append(g)
+        return torch.cat(parts).movedim(0, 1)
     rows = []
     for c in range(d_out):
         (g,) = torch.autograd.grad(
@@ -180,4 +214,11 @@ def vjp(
     return torch.cat(xs), torch.cat(gs)
 
 
-__all__: Sequence[str] = ["JacobianError", "jacobian", "jacobian_of", "vjp", "forward_with_input"]
+__all__: Sequence[str] = [
+    "JacobianError",
+    "coordinates_per_pass",
+    "jacobian",
+    "jacobian_of",
+    "vjp",
+    "forward_with_input",
+]

@@ -32,7 +32,7 @@ from jaxtyping import Float
 from interp.prompts import Prompt
 from interp.sites import site_name
 
-from .jacobian import _positions, forward_with_input, jacobian_of
+from .jacobian import _positions, coordinates_per_pass, forward_with_input, jacobian_of
 
 Tensor = torch.Tensor
 
@@ -145,8 +145,9 @@ class LinearRelationalEmbedding:
         prompts = self._prompts(relation, train, train)
         Ws, bs = [], []
         for batch, spos, lpos in self._states(prompts):
+            chunk = coordinates_per_pass(self.model, batch, self.s_site_, self.o_site_)
             s, o = forward_with_input(self.model, batch, self.s_site_, self.o_site_, spos, lpos)
-            J = jacobian_of(o, s)
+            J = jacobian_of(o, s, chunk=chunk)
             Ws.append(J.detach())
             bs.append((o - torch.einsum("noi,ni->no", J, s)).detach())
         W = torch.cat(Ws).mean(0)

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Bool, Float, Int
 
+from interp import memory
+
 Tensor = torch.Tensor
 
 
@@ -107,11 +109,35 @@ def fit_logistic(
         raise ValueError("a probe has no training samples")
     if reduce is None:
         reduce = d > 512 and d >= 2 * n
+    c = int(n_classes.max())
+    memory.check_fits(
+        solver_bytes(G, K, n, d, c, dtype, reduce, history, int(train.sum(-1).max())),
+        device,
+        f"fitting {G * K} probes of {n} samples x {d} features ({c} classes) at once",
+        "fit fewer at once (ProbeSweep's max_elements or sites_per_pass), or fit on a device with more memory",
+    )
     if reduce:
         return _fit_in_training_span(
             X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, precondition
         )
     return _fit(X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, precondition and "dense")
+
+
+def solver_bytes(
+    G: int, K: int, n: int, d: int, c: int, dtype: torch.dtype, reduce: bool, history: int = 10, m: int | None = None
+) -> int:
+    """Peak bytes of :func:`fit_logistic` on ``G * K`` problems (``m``: the most training rows of a
+    problem): the augmented features, a few logit-sized tensors, the iterate, gradient, search
+    direction and L-BFGS history per problem, and the preconditioner (``(d + 1)^2`` per problem
+    when dense); in the training span, the reduced features and bases plus one group's float64
+    ``K x n x d`` copies, then the same solver on ``m`` features."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    if reduce:
+        m = n if m is None else m
+        span = size * G * K * n * m + 8 * (G * K * m * m + 3 * K * n * d)
+        return span + solver_bytes(G * K, 1, n, m, c, dtype, False, history, m)
+    params = (12 + 2 * history) * G * K * (d + 1) * c
+    return size * (G * n * (d + 1) + 6 * G * K * n * c + params + 3 * G * K * (d + 1) ** 2)
 
 
 def _fit(X, y, train, n_classes, C, max_iter, tol, history, dtype, standardize, preconditioner) -> LogisticFit:

@@ -20,6 +20,9 @@ except ImportError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("tests", "benchmarks", "docs/hooks")
+# peers that cannot share the project's environment (auto-circuit pins kaleido 0.2.1 and
+# TransformerLens 2.x) run from scripts here, in environments their docstrings say how to build
+OWN_ENVIRONMENT = ("benchmarks/peers",)
 OWN = ("interp", "probes", "circuits", "jacobians", "lab")
 
 
@@ -56,7 +59,9 @@ def _imports_of_source(source: str) -> set[str]:
 def imported_modules(root: Path = ROOT) -> dict[str, str]:
     """Top-level module -> the first file (relative path) that imports it."""
     found: dict[str, str] = {}
-    files = sorted(p for d in SCANNED for p in (root / d).rglob("*.py"))
+    files = sorted(
+        p for d in SCANNED for p in (root / d).rglob("*.py") if not str(p.relative_to(root)).startswith(OWN_ENVIRONMENT)
+    )
     for path in files:
         for module in _imports_of_source(path.read_text()):
             found.setdefault(module, str(path.relative_to(root)))

@@ -1,9 +1,20 @@
 """Analyzers estimate their memory before any forward pass and refuse, naming what to restrict."""
 
 import pytest
+import torch
 
 import interp
-from circuits import AttributionPatching, EdgePatching, Faithfulness, make_pairs, memory
+from circuits import (
+    ActivationPatching,
+    AttributionPatching,
+    EdgePatching,
+    Faithfulness,
+    PathPatching,
+    make_pairs,
+)
+from interp import memory
+from jacobians import jacobian
+from probes import ProbeSweep, fit_logistic
 
 CLEAN = ["Paris is the capital of France", "Rome is the capital of Italy"]
 CORRUPTED = ["Berlin is the capital of France", "Madrid is the capital of Italy"]
@@ -31,7 +42,9 @@ def test_estimates_are_positive_and_grow_with_the_batch(counted):
     assert memory.available_bytes("cpu") is None or memory.available_bytes("cpu") > 0
 
 
-@pytest.mark.parametrize("what", ["eap", "edge_patching", "faithfulness"])
+@pytest.mark.parametrize(
+    "what", ["eap", "edge_patching", "faithfulness", "activation_patching", "path_patching", "nodes", "jacobian"]
+)
 def test_refuses_before_any_pass_when_memory_is_short(counted, monkeypatch, what):
     model, pairs, runs = counted
     monkeypatch.setattr(memory, "available_bytes", lambda device: 1024)
@@ -41,6 +54,14 @@ def test_refuses_before_any_pass_when_memory_is_short(counted, monkeypatch, what
         elif what == "edge_patching":
             ep = EdgePatching(model, "logit_diff", progress=False)
             ep.evaluate(pairs, [[1.0] * len(ep.edges())])
+        elif what == "activation_patching":
+            ActivationPatching(model, "logit_diff", progress=False).run(pairs)
+        elif what == "path_patching":
+            PathPatching(model, "logit_diff", receivers=["logits"], progress=False).run(pairs)
+        elif what == "nodes":
+            AttributionPatching(model, "logit_diff", progress=False).nodes(pairs)
+        elif what == "jacobian":
+            jacobian(model, CLEAN, of="logits")
         else:
             edges = AttributionPatching(model, "logit_diff", progress=False)
             monkeypatch.setattr(memory, "available_bytes", lambda device: None)  # the scores themselves fit
@@ -54,3 +75,49 @@ def test_refuses_before_any_pass_when_memory_is_short(counted, monkeypatch, what
     assert (
         runs == [] or what == "faithfulness" and len(runs) <= 1
     )  # nothing run (faithfulness: at most its prepare pass)
+
+
+def test_probe_solver_refuses_and_says_what_to_restrict(monkeypatch):
+    X = torch.randn(3, 40, 16)
+    y = torch.randint(0, 3, (2, 40))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1024)
+    with pytest.raises(MemoryError, match="max_elements or sites_per_pass"):
+        fit_logistic(X, y)
+    with pytest.raises(MemoryError, match="probes"):
+        ProbeSweep(folds=2, control=False, progress=False).run(
+            {"r": {"blocks.0.hook_resid_post": X[0]}}, [_relation(40)]
+        )
+    monkeypatch.setattr(memory, "enabled", False)
+    assert fit_logistic(X, y).coef.shape == (3, 2, 16, 3)
+
+
+def test_the_estimate_grows_with_what_the_solver_holds():
+    from probes.logistic import solver_bytes
+
+    small = solver_bytes(2, 5, 100, 64, 4, torch.float32, reduce=False)
+    assert small < solver_bytes(4, 5, 100, 64, 4, torch.float32, reduce=False)
+    assert small < solver_bytes(2, 5, 100, 128, 4, torch.float32, reduce=False)
+    assert solver_bytes(2, 5, 100, 4096, 4, torch.float32, reduce=True, m=80) < solver_bytes(
+        2, 5, 100, 4096, 4, torch.float32, reduce=False
+    )
+
+
+def test_a_jacobian_in_several_vmapped_passes_equals_one_pass(counted, monkeypatch):
+    """Short of memory, the output coordinates go through the backward pass a few at a time."""
+    model, _, _ = counted
+    whole = jacobian(model, CLEAN, wrt="hook_embed", of="blocks.1.hook_resid_post")
+    calls = []
+    original = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(memory, "forward_bytes", lambda *a, **k: 0)  # the graph itself free
+    per = memory.activation_bytes(model, 2, len(model.encode(CLEAN[0])[0]), sites=8)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * 10 * per + per // 2)  # 10 per pass
+    parts = jacobian(model, CLEAN, wrt="hook_embed", of="blocks.1.hook_resid_post")
+    torch.testing.assert_close(parts, whole, atol=1e-6, rtol=1e-5)
+    assert len(calls) == -(-model.d_model // 10)
+
+
+def _relation(n):
+    from interp.relations import Relation
+
+    return Relation("r", [f"s{i}" for i in range(n)], [f"a{i % 3}" for i in range(n)], "{} is")
