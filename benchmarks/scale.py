@@ -4,7 +4,10 @@ Random-weight models of realistic shape, built from configs (no download):
 
 - ``gpt2-small``: GPT-2 small (12 layers, d_model 768, 12 heads, vocab 50,257; 124M parameters);
 - ``llama-small``: a Llama-style model of similar size (12 layers, d_model 768, 12 query heads
-  over 4 key/value heads (grouped-query attention), RoPE, RMSNorm, SwiGLU; vocab 32,000).
+  over 4 key/value heads (grouped-query attention), RoPE, RMSNorm, SwiGLU; vocab 32,000);
+- ``llama-1b``: Llama-3.2-1B's shape (16 layers, d_model 2,048, 32 query heads over 8 key/value
+  heads, intermediate 8,192) with a 32k vocabulary, 1.1B parameters: for a GPU
+  (``benchmarks/gpu.sh``).
 
 Each row runs in its own process (a warm-up, then the median of ``--repeats`` timed runs) and
 reports wall time and peak memory (resident-set growth on the CPU, sampled every 2 ms;
@@ -52,8 +55,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 ROWS = ("capture", "eap", "eap_ig", "activation", "path", "faithfulness", "probes")
-SHAPES = ("gpt2-small", "llama-small")
-N_WORDS = {"gpt2-small": 50257, "llama-small": 32000}
+SHAPES = ("gpt2-small", "llama-small", "llama-1b")
+N_WORDS = {"gpt2-small": 50257, "llama-small": 32000, "llama-1b": 32000}
+LLAMA = {  # hidden, intermediate, layers, query heads, key/value heads
+    "llama-small": (768, 2048, 12, 12, 4),
+    "llama-1b": (2048, 8192, 16, 32, 8),  # Llama-3.2-1B's shape with a 32k vocabulary: 1.1B parameters
+}
 
 
 # models -----------------------------------------------------------------------------------------
@@ -72,13 +79,14 @@ def make_model(shape: str, root: Path) -> Path:
     if shape == "gpt2-small":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=1024))
     else:
+        hidden, intermediate, layers, heads, kv_heads = LLAMA[shape]
         cfg = LlamaConfig(
             vocab_size=len(tok),
-            hidden_size=768,
-            intermediate_size=2048,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            num_key_value_heads=4,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
             max_position_embeddings=1024,
         )
         model = LlamaForCausalLM(cfg)
@@ -429,13 +437,13 @@ def row_probes(model, path, args):
     for r in relations:
         acts = interp.capture(model, r.prompts(), sites=sites, positions="subject_last", batch_size=64, progress=False)
         features[r.name] = {s: acts[s].float().cpu() for s in sites}
-    sweep = ProbeSweep(folds=5, control=False, progress=False)
+    sweep = ProbeSweep(folds=5, control=False, progress=False, device=args.device)
     res = {}
 
     def ours():
         res["df"] = sweep.run(features, relations, model_name=args.shape)
 
-    t_ours, mb_ours = measure(ours, args.repeats, "cpu")
+    t_ours, mb_ours = measure(ours, args.repeats, args.device)
     diffs = []
 
     def sklearn_loop():
@@ -508,7 +516,7 @@ def run_row(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="gpt2-small", choices=SHAPES + ("both",))
+    ap.add_argument("--shape", default="gpt2-small", choices=SHAPES + ("both",), help="both: the two small shapes")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {', '.join(ROWS)}")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -525,10 +533,10 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None, help="also write every row as JSON lines to this file")
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # one row, in a child process
-    ap.add_argument("--table", default=None, help="print the rows saved by --out as docs/benchmarks.md's table")
+    ap.add_argument("--table", nargs="+", default=None, help="print rows saved by --out as docs/benchmarks.md's tables")
     args = ap.parse_args()
     if args.table:
-        print(markdown_table(Path(args.table)))
+        print("\n\n".join(markdown_table(Path(p)) for p in args.table))
         return
     import torch
 
@@ -540,7 +548,7 @@ def main() -> None:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
-    shapes = SHAPES if args.shape == "both" else (args.shape,)
+    shapes = ("gpt2-small", "llama-small") if args.shape == "both" else (args.shape,)
     records = []
     print(f"{args.threads} threads, device {args.device}, dtype {args.dtype}; {args.pairs} pairs of {args.pos} tokens")
     for shape in shapes:
