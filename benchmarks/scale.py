@@ -444,7 +444,7 @@ def row_probes(model, path, args):
         res["df"] = sweep.run(features, relations, model_name=args.shape)
 
     t_ours, mb_ours = measure(ours, args.repeats, args.device)
-    diffs = []
+    sk_acc = {}
 
     def sklearn_loop():
         with warnings.catch_warnings():
@@ -456,14 +456,13 @@ def row_probes(model, path, args):
                     X = features[r.name][s].numpy()
                     for fold, (tr, te) in enumerate(split):
                         probe = make_pipeline(StandardScaler(), LogisticRegression(C=1.0, tol=1e-4, max_iter=1000))
-                        acc = probe.fit(X[tr], y[tr]).score(X[te], y[te])
-                        df = res["df"]
-                        cell = df[(df.relation == r.name) & (df.site == s) & (df.fold == fold)].accuracy.item()
-                        diffs.append(abs(cell - acc))
+                        sk_acc[(r.name, s, fold)] = probe.fit(X[tr], y[tr]).score(X[te], y[te])
 
     t0 = time.perf_counter()
-    sklearn_loop()
+    sklearn_loop()  # one run: it takes half a minute, and has no warm-up to speak of
     t_sk = time.perf_counter() - t0
+    ours_acc = res["df"].set_index(["relation", "site", "fold"]).accuracy
+    diffs = [abs(ours_acc[key] - acc) for key, acc in sk_acc.items()]
     return [
         {"what": f"scikit-learn loop, {len(relations)} x {len(sites)} x 5 probes, d {model.d_model}", "seconds": t_sk},
         {
@@ -575,8 +574,10 @@ def main() -> None:
                 if rec.get("max_acc_diff") is not None:
                     diff = f"largest {rec['max_acc_diff']:.3f}, mean {rec['mean_acc_diff']:.4f}"
                     print(f"  |accuracy - scikit-learn's| per cell: {diff}", flush=True)
-    if args.auto_circuit_python:
-        print("\n== auto-circuit, gpt2-small shape (its own environment)")
+    if args.auto_circuit_python and "gpt2-small" not in shapes:
+        print("\nauto-circuit: runs at gpt2-small shape only (on the CPU); not run")
+    elif args.auto_circuit_python:
+        print("\n== auto-circuit, gpt2-small shape (its own environment, on the CPU)")
         cmd = [args.auto_circuit_python, str(Path(__file__).parent / "peers" / "auto_circuit_peer.py")]
         cmd += [f"--pairs={args.pairs}", f"--pos={args.pos}", f"--repeats={args.repeats}", f"--threads={args.threads}"]
         done = subprocess.run(cmd, capture_output=True, text=True)

@@ -134,6 +134,7 @@ class ActivationPatching:
     def run(self, pairs: Pairs) -> pd.DataFrame:
         """Score every cell, averaged over all pairs; a tidy DataFrame with one row per cell."""
         self._validate()
+        self._check_memory(pairs)
         pairs = prepare(self.model, pairs, self.metric_)
         target_score = source_score = 0.0
         sums: dict[tuple, float] = {}
@@ -148,7 +149,6 @@ class ActivationPatching:
                     self._cells(kind, pairs.n_pos, {lyr: heads if kind in HEAD_KINDS else 1 for lyr in self.layers_})
                 )
             check_memory(n_cells, n_total, self.uncertainty_, "activation patching")
-        self._check_memory(pairs)
         parts = list(pairs.batches(self.batch_size))
         bar = progress_bar(
             total=len(parts) * len(self.sites_), desc="activation patching", unit="site batches", progress=self.progress
@@ -212,13 +212,16 @@ class ActivationPatching:
 
     def _check_memory(self, pairs: Pairs) -> None:
         """Refuse before any pass if one pass, the source run's cache of one site kind (every
-        layer) and the hook's tiled source rows would not fit."""
+        layer) and the hook's tiled source rows, or the metric's clean pass, would not fit."""
         model, n = self.model, min(self.batch_size, len(pairs))
-        rows = max(self.batch_size, n)  # patches x pairs per pass
-        need = (
+        positions = pairs.n_pos if self.positions_ is None else len(self.positions_)
+        cells = len(self.layers_) * model.n_heads * (positions if self.by_position else 1)  # at most
+        rows = max(n, min(self.batch_size, n * cells))  # patches x pairs per pass
+        need = max(
             memory.forward_bytes(model, rows, pairs.n_pos, graph=False)
             + memory.activation_bytes(model, n, pairs.n_pos, sites=len(self.layers_))
-            + memory.activation_bytes(model, rows, pairs.n_pos, sites=2)
+            + memory.activation_bytes(model, rows, pairs.n_pos, sites=2),
+            memory.prepare_bytes(model, pairs, self.metric_),
         )
         memory.check_fits(
             need,

@@ -193,8 +193,19 @@ class AttributionPatching:
     def nodes(self, pairs: Pairs) -> pd.DataFrame:
         """AtP (or AtP-IG) score of every node, averaged over pairs."""
         self._validate()
-        pairs = prepare(self.model, pairs, self.metric_)
         sites = sorted({node_site(n) for n in self.nodes_} | {site("embed")}, key=_order)
+        rows = min(self.batch_size, len(pairs))
+        memory.check_fits(  # the graph, both runs' caches of the node sites and their gradients
+            max(
+                memory.forward_bytes(self.model, rows, pairs.n_pos, graph=True)
+                + memory.activation_bytes(self.model, rows, pairs.n_pos, sites=3 * len(sites)),
+                memory.prepare_bytes(self.model, pairs, self.metric_),
+            ),
+            self.model,
+            f"node attribution of {len(sites)} sites on batches of {rows} pairs x {pairs.n_pos} positions",
+            f"use a smaller batch_size (now {self.batch_size} pairs), fewer nodes (nodes=[...]) or shorter prompts",
+        )
+        pairs = prepare(self.model, pairs, self.metric_)
         totals: dict[str, Tensor] = {}
         kept: dict[str, list[Tensor]] = {s: [] for s in sites}  # per pair [n, pos, (head)], with statistics
         if self.uncertainty_ is not None:
@@ -204,14 +215,6 @@ class AttributionPatching:
                 self.uncertainty_,
                 "attribution patching",
             )
-        rows = min(self.batch_size, len(pairs))
-        memory.check_fits(  # the graph, both runs' caches of the node sites and their gradients
-            memory.forward_bytes(self.model, rows, pairs.n_pos, graph=True)
-            + memory.activation_bytes(self.model, rows, pairs.n_pos, sites=3 * len(sites)),
-            self.model,
-            f"node attribution of {len(sites)} sites on batches of {rows} pairs x {pairs.n_pos} positions",
-            f"use a smaller batch_size (now {self.batch_size} pairs), fewer nodes (nodes=[...]) or shorter prompts",
-        )
         bar = progress_bar(total=len(pairs), desc="attribution (nodes)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)

@@ -159,6 +159,7 @@ class PathPatching:
     # ------------------------------------------------------------------------------------------
     def run(self, pairs: Pairs) -> pd.DataFrame:
         self._validate()
+        self._check_memory(pairs)
         pairs = prepare(self.model, pairs, self.metric_)
         n_total = len(pairs)
         edges = [(s, g) for s in self.senders_ for g in self.groups_ if any(reaches(self.model, s, r) for r in g)]
@@ -171,7 +172,6 @@ class PathPatching:
         baseline: list[Tensor] = []
         if self.uncertainty_ is not None:
             check_memory(len(edges), n_total, self.uncertainty_, "path patching")
-        self._check_memory(pairs)
         target_score = source_score = 0.0
         parts = list(pairs.batches(self.batch_size))
         senders = [s for s in self.senders_ if any(e[0] == s for e in edges)]
@@ -252,12 +252,15 @@ class PathPatching:
         """Refuse before any pass if one pass, both runs' caches of every head's and MLP's output,
         the receivers' recorded inputs and the tiled rows would not fit."""
         model, n = self.model, min(self.batch_size, len(pairs))
-        rows = max(self.batch_size, n)
+        rows = max(n, min(self.batch_size, n * len(self.senders_)))
         recorded = len({receiver_site(model, r) for g in self.groups_ for r in g})
-        need = (
+        need = max(
+            # the sender pass's logits stay while the receivers' pass runs: a third logits tensor
             memory.forward_bytes(model, rows, pairs.n_pos, graph=False)
+            + rows * pairs.n_pos * memory.vocab_size(model) * memory.element_bytes(model)
             + memory.activation_bytes(model, n, pairs.n_pos, sites=2 * len(self._frozen_sites()))
-            + memory.activation_bytes(model, rows, pairs.n_pos, sites=recorded + 2)
+            + memory.activation_bytes(model, rows, pairs.n_pos, sites=recorded + 2),
+            memory.prepare_bytes(model, pairs, self.metric_),
         )
         memory.check_fits(
             need,

@@ -8,7 +8,8 @@ in the model's precision:
   ``34 d + 5 h p`` bytes per token and layer in 16-bit precision (Korthikanti et al. 2022, for
   ``d`` the width, ``h`` heads and ``p`` positions), so half that many values, plus the logits
   three times (logits, log-softmax, gradient);
-- a forward pass without one (patching): a few residual-sized tensors per token plus the logits;
+- a forward pass without one (patching): a few residual-sized tensors per token plus the logits
+  twice (the logits and what the metric computes from them);
 - the analyzer's own tensors: for EAP the receivers' input gradients and the senders' writes
   (``[R | S, n, pos, d]``), for edge patching the batch's copies, for activation, path and node
   patching the cached activations of both runs, for a Jacobian one backward pass's buffers per
@@ -65,13 +66,21 @@ def forward_bytes(model, rows: int, n_pos: int, graph: bool) -> int:
     (``graph=True``: kept for a backward pass)."""
     per_token = (34 * model.d_model + 5 * model.n_heads * n_pos) // 2 if graph else 8 * model.d_model
     layers = model.n_layers if graph else 1
-    logits = (3 if graph else 1) * vocab_size(model)
+    logits = (3 if graph else 2) * vocab_size(model)
     return rows * n_pos * (layers * per_token + logits) * element_bytes(model)
 
 
 def activation_bytes(model, rows: int, n_pos: int, sites: int = 1) -> int:
     """``sites`` cached residual-sized activations of ``rows`` sequences."""
     return sites * rows * n_pos * model.d_model * element_bytes(model)
+
+
+def prepare_bytes(model, pairs, metric) -> int:
+    """What :func:`circuits.runs.prepare` needs: one pass over every clean prompt, for metrics that
+    read the clean run's logits (else nothing)."""
+    if not getattr(metric, "needs_clean_logits", False) or pairs.clean_logits is not None:
+        return 0
+    return forward_bytes(model, len(pairs), pairs.n_pos, graph=False)
 
 
 def check_fits(need: int, where, what: str, advice: str) -> None:

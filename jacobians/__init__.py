@@ -10,7 +10,7 @@ checkpoints.
 
 from .alignment import alignment_scores, centroid_alignment, jacobian_alignment, row_cosines
 from .dynamics import track, trajectory_plot
-from .jacobian import JacobianError, jacobian, jacobian_of, vjp
+from .jacobian import JacobianError, coordinates_per_pass, jacobian, jacobian_of, vjp
 from .lre import LRE, LinearRelationalEmbedding, estimate_affine
 from .regularizer import GrokAlignRegularizer, projected_norm_sq
 
@@ -24,6 +24,7 @@ __all__ = [
     "JacobianError",
     "jacobian",
     "jacobian_of",
+    "coordinates_per_pass",
     "vjp",
     "LRE",
     "LinearRelationalEmbedding",

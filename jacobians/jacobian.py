@@ -122,15 +122,20 @@ def jacobian(
 
 def coordinates_per_pass(model, batch: Batch, wrt: str, of: str) -> int | None:
     """How many output coordinates one vmapped backward pass of ``batch`` can take, called before
-    its forward pass: each holds its own backward buffers (a few residual-sized gradients per
-    token and, with ``of="logits"``, the logits' gradient at every position) beside the graph.
+    its forward pass: each holds its own backward buffers (a few residual-sized gradients and the
+    attention patterns' per token and, with ``of="logits"``, the logits' gradient at every
+    position) beside the graph and the result.
     Half the free memory goes to them (``None``: no limit known). Refuses (``MemoryError``) when
     the graph and a single coordinate do not fit."""
     rows, n_pos = batch.input_ids.shape
+    size = memory.element_bytes(model)
+    d_out = memory.vocab_size(model) if of == "logits" else model.d_model * model.n_heads  # at most
     graph = memory.forward_bytes(model, rows, n_pos, graph=True)
-    per = memory.activation_bytes(model, rows, n_pos, sites=8)
+    graph += rows * d_out * model.d_model * size  # the result, [rows, d_out, d_in]
+    # a few residual-sized gradients per token, the attention patterns', and the logits' if read
+    per = memory.activation_bytes(model, rows, n_pos, sites=8) + rows * model.n_heads * n_pos * n_pos * size
     if of == "logits":
-        per += rows * n_pos * memory.vocab_size(model) * memory.element_bytes(model)
+        per += rows * n_pos * memory.vocab_size(model) * size
     memory.check_fits(
         graph + per,
         model,
@@ -158,7 +163,7 @@ def jacobian_of(
         )
     eye = torch.eye(d_out, dtype=y.dtype, device=y.device)
     if method == "vmap":
-        parts = []
+        out = None
         step = d_out if chunk is None else max(1, chunk)
         for start in range(0, d_out, step):
             cot = eye[start : start + step, None, :].expand(-1, y.shape[0], d_out)
@@ -173,8 +178,15 @@ def jacobian_of(
             )
             if g is None:
                 raise JacobianError("the output does not depend on the input")
-            parts.append(g)
-        return torch.cat(parts).movedim(0, 1)
+            if step >= d_out:
+                return g.movedim(0, 1)
+            if create_graph:  # differentiable pieces, joined at the end
+                out = (out or []) + [g.movedim(0, 1)]
+                continue
+            if out is None:  # filled in place: the result is held once, not twice
+                out = g.new_empty(g.shape[1], d_out, *g.shape[2:])
+            out[:, start : start + step] = g.movedim(0, 1)
+        return torch.cat(out, 1) if create_graph else out
     rows = []
     for c in range(d_out):
         (g,) = torch.autograd.grad(

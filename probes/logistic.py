@@ -135,7 +135,8 @@ def solver_bytes(
     if reduce:
         m = n if m is None else m
         span = size * G * K * n * m + 8 * (G * K * m * m + 3 * K * n * d)
-        return span + solver_bytes(G * K, 1, n, m, c, dtype, False, history, m)
+        back = 8 * (G * n * d + G * K * n * c + 4 * G * K * d * c)  # mapping the coefficients back
+        return span + max(solver_bytes(G * K, 1, n, m, c, dtype, False, history, m), back)
     params = (12 + 2 * history) * G * K * (d + 1) * c
     return size * (G * n * (d + 1) + 6 * G * K * n * c + params + 3 * G * K * (d + 1) ** 2)
 

@@ -104,17 +104,32 @@ def test_the_estimate_grows_with_what_the_solver_holds():
 
 def test_a_jacobian_in_several_vmapped_passes_equals_one_pass(counted, monkeypatch):
     """Short of memory, the output coordinates go through the backward pass a few at a time."""
+    import sys
+
+    jac = sys.modules["jacobians.jacobian"]  # the module (the package's `jacobian` is the function)
     model, _, _ = counted
     whole = jacobian(model, CLEAN, wrt="hook_embed", of="blocks.1.hook_resid_post")
     calls = []
     original = torch.autograd.grad
     monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: calls.append(1) or original(*a, **k))
-    monkeypatch.setattr(memory, "forward_bytes", lambda *a, **k: 0)  # the graph itself free
-    per = memory.activation_bytes(model, 2, len(model.encode(CLEAN[0])[0]), sites=8)
-    monkeypatch.setattr(memory, "available_bytes", lambda device: 2 * 10 * per + per // 2)  # 10 per pass
+    monkeypatch.setattr(jac, "coordinates_per_pass", lambda *a: 10)
     parts = jacobian(model, CLEAN, wrt="hook_embed", of="blocks.1.hook_resid_post")
     torch.testing.assert_close(parts, whole, atol=1e-6, rtol=1e-5)
     assert len(calls) == -(-model.d_model // 10)
+
+
+def test_coordinates_per_pass_follow_the_free_memory(counted, monkeypatch):
+    from jacobians import coordinates_per_pass
+
+    model, _, _ = counted
+    batch = model.batch(model.encode(CLEAN), "right")
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**34)
+    plenty = coordinates_per_pass(model, batch, "hook_embed", "logits")
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 2**30)
+    less = coordinates_per_pass(model, batch, "hook_embed", "logits")
+    assert 1 <= less < plenty
+    monkeypatch.setattr(memory, "enabled", False)
+    assert coordinates_per_pass(model, batch, "hook_embed", "logits") is None
 
 
 def _relation(n):
