@@ -320,9 +320,8 @@ def row_activation(model, path, args):
     pairs = make_pairs_for(model, n_pairs, args.pos)
     fl = floors(model, pairs, args.repeats, args.device)
     ap = ActivationPatching(model, "logit_diff", sites=["resid_pre"], progress=False)
-    res = {}
-    res["df"], t, mb = once(lambda: ap.run(pairs), args)
-    cells = len(res["df"])
+    df, t, mb = once(lambda: ap.run(pairs), args)
+    cells = len(df)
     bridge = interp.load_model(path, backend="transformer_lens", device=args.device, dtype=args.torch_dtype)
     bridge = bridge.backend.bridge
     _, clean_cache = bridge.run_with_cache(pairs.clean.input_ids)
@@ -330,15 +329,15 @@ def row_activation(model, path, args):
 
     def tl_patching():
         with torch.no_grad():
-            res["tl"] = patching.get_act_patch_resid_pre(
+            return patching.get_act_patch_resid_pre(
                 bridge,
                 pairs.corrupted.input_ids,
                 clean_cache,
                 lambda logits: (logits[rows, -1, a] - logits[rows, -1, w]).mean(),
             )
 
-    t_tl, mb_tl = measure(tl_patching, 1, args.device, warm_up=False)
-    diff = (torch.tensor(res["df"]["score"].to_numpy()).reshape(res["tl"].shape) - res["tl"].float()).abs().max()
+    tl, t_tl, mb_tl = once(tl_patching, args)
+    diff = (torch.tensor(df["score"].to_numpy()).reshape(tl.shape) - tl.float()).abs().max()
     return [
         {"what": f"floor: forward, {n_pairs} pairs", "seconds": fl["forward_s"], "ratio": 1.0},
         {

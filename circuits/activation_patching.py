@@ -212,16 +212,15 @@ class ActivationPatching:
 
     def _check_memory(self, pairs: Pairs) -> None:
         """Refuse before any pass if one pass, the source run's cache of one site kind (every
-        layer) and the hook's tiled source rows, or the metric's clean pass, would not fit."""
+        layer) and the hook's tiled source rows would not fit."""
         model, n = self.model, min(self.batch_size, len(pairs))
         positions = pairs.n_pos if self.positions_ is None else len(self.positions_)
         cells = len(self.layers_) * model.n_heads * (positions if self.by_position else 1)  # at most
         rows = max(n, min(self.batch_size, n * cells))  # patches x pairs per pass
-        need = max(
+        need = (
             memory.forward_bytes(model, rows, pairs.n_pos, graph=False)
             + memory.activation_bytes(model, n, pairs.n_pos, sites=len(self.layers_))
-            + memory.activation_bytes(model, rows, pairs.n_pos, sites=2),
-            memory.prepare_bytes(model, pairs, self.metric_),
+            + memory.activation_bytes(model, rows, pairs.n_pos, sites=2)
         )
         memory.check_fits(
             need,

@@ -196,11 +196,8 @@ class AttributionPatching:
         sites = sorted({node_site(n) for n in self.nodes_} | {site("embed")}, key=_order)
         rows = min(self.batch_size, len(pairs))
         memory.check_fits(  # the graph, both runs' caches of the node sites and their gradients
-            max(
-                memory.forward_bytes(self.model, rows, pairs.n_pos, graph=True)
-                + memory.activation_bytes(self.model, rows, pairs.n_pos, sites=3 * len(sites)),
-                memory.prepare_bytes(self.model, pairs, self.metric_),
-            ),
+            memory.forward_bytes(self.model, rows, pairs.n_pos, graph=True)
+            + memory.activation_bytes(self.model, rows, pairs.n_pos, sites=3 * len(sites)),
             self.model,
             f"node attribution of {len(sites)} sites on batches of {rows} pairs x {pairs.n_pos} positions",
             f"use a smaller batch_size (now {self.batch_size} pairs), fewer nodes (nodes=[...]) or shorter prompts",

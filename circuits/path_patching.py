@@ -254,13 +254,11 @@ class PathPatching:
         model, n = self.model, min(self.batch_size, len(pairs))
         rows = max(n, min(self.batch_size, n * len(self.senders_)))
         recorded = len({receiver_site(model, r) for g in self.groups_ for r in g})
-        need = max(
-            # the sender pass's logits stay while the receivers' pass runs: a third logits tensor
+        need = (  # the sender pass's logits stay while the receivers' pass runs: a third logits tensor
             memory.forward_bytes(model, rows, pairs.n_pos, graph=False)
             + rows * pairs.n_pos * memory.vocab_size(model) * memory.element_bytes(model)
             + memory.activation_bytes(model, n, pairs.n_pos, sites=2 * len(self._frozen_sites()))
-            + memory.activation_bytes(model, rows, pairs.n_pos, sites=recorded + 2),
-            memory.prepare_bytes(model, pairs, self.metric_),
+            + memory.activation_bytes(model, rows, pairs.n_pos, sites=recorded + 2)
         )
         memory.check_fits(
             need,

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import torch
 
+from interp import memory
 from interp.sites import site_name
 from interp.tokens import Batch
 
@@ -54,8 +55,15 @@ def last_logits(logits: Tensor, pairs: Pairs) -> Tensor:
 
 
 def prepare(model, pairs: Pairs, metric: Metric) -> Pairs:
-    """Fill in what a metric needs from the clean run (its last-token logits, for KL)."""
+    """Fill in what a metric needs from the clean run (its last-token logits, for KL), after
+    checking that the one pass over every clean prompt fits."""
     if metric.needs_clean_logits and pairs.clean_logits is None:
+        memory.check_fits(
+            memory.forward_bytes(model, len(pairs), pairs.n_pos, graph=False),
+            model,
+            f"the clean run of all {len(pairs)} pairs x {pairs.n_pos} positions (metric {metric.name!r} reads it)",
+            "use fewer or shorter pairs, or a metric that does not read the clean run",
+        )
         with torch.no_grad():
             logits = model.run(pairs.clean)
         pairs = replace(pairs, clean_logits=last_logits(logits, pairs).detach())

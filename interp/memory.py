@@ -75,14 +75,6 @@ def activation_bytes(model, rows: int, n_pos: int, sites: int = 1) -> int:
     return sites * rows * n_pos * model.d_model * element_bytes(model)
 
 
-def prepare_bytes(model, pairs, metric) -> int:
-    """What :func:`circuits.runs.prepare` needs: one pass over every clean prompt, for metrics that
-    read the clean run's logits (else nothing)."""
-    if not getattr(metric, "needs_clean_logits", False) or pairs.clean_logits is not None:
-        return 0
-    return forward_bytes(model, len(pairs), pairs.n_pos, graph=False)
-
-
 def check_fits(need: int, where, what: str, advice: str) -> None:
     """Refuse (``MemoryError``) when ``need`` bytes exceed the memory free on ``where`` (a device,
     or a model: its device)."""

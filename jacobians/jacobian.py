@@ -130,20 +130,20 @@ def coordinates_per_pass(model, batch: Batch, wrt: str, of: str) -> int | None:
     rows, n_pos = batch.input_ids.shape
     size = memory.element_bytes(model)
     d_out = memory.vocab_size(model) if of == "logits" else model.d_model * model.n_heads  # at most
-    graph = memory.forward_bytes(model, rows, n_pos, graph=True)
-    graph += rows * d_out * model.d_model * size  # the result, [rows, d_out, d_in]
+    # held throughout: the graph and the result, [rows, d_out, d_in]
+    fixed = memory.forward_bytes(model, rows, n_pos, graph=True) + rows * d_out * model.d_model * size
     # a few residual-sized gradients per token, the attention patterns', and the logits' if read
     per = memory.activation_bytes(model, rows, n_pos, sites=8) + rows * model.n_heads * n_pos * n_pos * size
     if of == "logits":
         per += rows * n_pos * memory.vocab_size(model) * size
     memory.check_fits(
-        graph + per,
+        fixed + per,
         model,
         f"a Jacobian of {wrt} -> {of} on batches of {rows} prompts x {n_pos} positions",
         "use a smaller batch_size or shorter prompts",
     )
     free = memory.available_bytes(model.device) if memory.enabled else None
-    return None if free is None else int(max(1, (free // 2 - graph) // per))
+    return None if free is None else int(max(1, (free // 2 - fixed) // per))
 
 
 def jacobian_of(
@@ -163,14 +163,12 @@ def jacobian_of(
         )
     eye = torch.eye(d_out, dtype=y.dtype, device=y.device)
     if method == "vmap":
-        out = None
-        step = d_out if chunk is None else max(1, chunk)
-        for start in range(0, d_out, step):
-            cot = eye[start : start + step, None, :].expand(-1, y.shape[0], d_out)
+
+        def vmapped(cot_rows: Tensor) -> Tensor:  # [k, d_out] one-hot rows -> [batch, k, d_in]
             (g,) = torch.autograd.grad(
                 y,
                 x,
-                grad_outputs=cot,
+                grad_outputs=cot_rows[:, None, :].expand(-1, y.shape[0], d_out),
                 is_grads_batched=True,
                 retain_graph=True,
                 create_graph=create_graph,
@@ -178,15 +176,21 @@ def jacobian_of(
             )
             if g is None:
                 raise JacobianError("the output does not depend on the input")
-            if step >= d_out:
-                return g.movedim(0, 1)
-            if create_graph:  # differentiable pieces, joined at the end
-                out = (out or []) + [g.movedim(0, 1)]
-                continue
-            if out is None:  # filled in place: the result is held once, not twice
-                out = g.new_empty(g.shape[1], d_out, *g.shape[2:])
-            out[:, start : start + step] = g.movedim(0, 1)
-        return torch.cat(out, 1) if create_graph else out
+            return g.movedim(0, 1)
+
+        step = d_out if chunk is None else max(1, chunk)
+        starts = range(0, d_out, step)
+        if step >= d_out:
+            return vmapped(eye)
+        if create_graph:  # differentiable pieces, joined
+            return torch.cat([vmapped(eye[s : s + step]) for s in starts], 1)
+        out = None  # filled in place: the result is held once, not twice
+        for s in starts:
+            piece = vmapped(eye[s : s + step])
+            if out is None:
+                out = piece.new_empty(piece.shape[0], d_out, *piece.shape[2:])
+            out[:, s : s + step] = piece
+        return out
     rows = []
     for c in range(d_out):
         (g,) = torch.autograd.grad(

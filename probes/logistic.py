@@ -105,13 +105,14 @@ def fit_logistic(
         n_classes = torch.where(train, y, torch.zeros_like(y)).amax(-1) + 1
     n_classes = torch.as_tensor(n_classes, device=device)
     n_classes = n_classes[None].expand(G, K) if n_classes.dim() == 1 else n_classes.expand(G, K)
-    if (train.sum(-1) == 0).any():
+    counts = train.sum(-1)  # [G, K] training rows per problem
+    if (counts == 0).any():
         raise ValueError("a probe has no training samples")
     if reduce is None:
         reduce = d > 512 and d >= 2 * n
     c = int(n_classes.max())
     memory.check_fits(
-        solver_bytes(G, K, n, d, c, dtype, reduce, history, int(train.sum(-1).max())),
+        solver_bytes(G, K, n, d, c, dtype, reduce, history, int(counts.max())),
         device,
         f"fitting {G * K} probes of {n} samples x {d} features ({c} classes) at once",
         "fit fewer at once (ProbeSweep's max_elements or sites_per_pass), or fit on a device with more memory",

@@ -321,6 +321,7 @@ class ProbeSweep:
         layer = parse_site(site).layer
         k_top = min(self.top_k, c)
         k_read = min(self.readout_k if self.readout_k is not None else self.top_k, c)
+        names = np.asarray(p.classes, dtype=object)
         by_key = {}
         for k, (seed, fold, kind, si) in enumerate(meta):
             labels = p.y if kind == "task" else p.control[si]
@@ -338,12 +339,10 @@ class ProbeSweep:
                 "converged": bool(converged[k]),
             }
             if kind == "task" and self.readout:
-                held = np.flatnonzero(p.folds[si] == fold)
-                order = logp[k][held].argsort(-1, descending=True)  # [held, c]
-                ranks = (order == torch.as_tensor(p.y[held])[:, None]).int().argmax(-1) + 1
-                names = np.asarray(p.classes, dtype=object)
+                order = lp.argsort(-1, descending=True)  # [held out, c]
+                ranks = (order == yl[:, None]).int().argmax(-1) + 1
                 top_names = names[order[:, :k_read].numpy()].tolist()
-                for i, ranked, rank in zip(held.tolist(), top_names, ranks.tolist()):
+                for i, ranked, rank in zip(np.flatnonzero(p.folds[si] == fold).tolist(), top_names, ranks.tolist()):
                     readout.append(
                         {
                             "model": model_name,

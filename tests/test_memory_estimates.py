@@ -1,5 +1,7 @@
 """Analyzers estimate their memory before any forward pass and refuse, naming what to restrict."""
 
+import sys
+
 import pytest
 import torch
 
@@ -13,8 +15,10 @@ from circuits import (
     make_pairs,
 )
 from interp import memory
-from jacobians import jacobian
+from interp.relations import Relation
+from jacobians import coordinates_per_pass, jacobian
 from probes import ProbeSweep, fit_logistic
+from probes.logistic import solver_bytes
 
 CLEAN = ["Paris is the capital of France", "Rome is the capital of Italy"]
 CORRUPTED = ["Berlin is the capital of France", "Madrid is the capital of Italy"]
@@ -92,8 +96,6 @@ def test_probe_solver_refuses_and_says_what_to_restrict(monkeypatch):
 
 
 def test_the_estimate_grows_with_what_the_solver_holds():
-    from probes.logistic import solver_bytes
-
     small = solver_bytes(2, 5, 100, 64, 4, torch.float32, reduce=False)
     assert small < solver_bytes(4, 5, 100, 64, 4, torch.float32, reduce=False)
     assert small < solver_bytes(2, 5, 100, 128, 4, torch.float32, reduce=False)
@@ -104,8 +106,6 @@ def test_the_estimate_grows_with_what_the_solver_holds():
 
 def test_a_jacobian_in_several_vmapped_passes_equals_one_pass(counted, monkeypatch):
     """Short of memory, the output coordinates go through the backward pass a few at a time."""
-    import sys
-
     jac = sys.modules["jacobians.jacobian"]  # the module (the package's `jacobian` is the function)
     model, _, _ = counted
     whole = jacobian(model, CLEAN, wrt="hook_embed", of="blocks.1.hook_resid_post")
@@ -119,8 +119,6 @@ def test_a_jacobian_in_several_vmapped_passes_equals_one_pass(counted, monkeypat
 
 
 def test_coordinates_per_pass_follow_the_free_memory(counted, monkeypatch):
-    from jacobians import coordinates_per_pass
-
     model, _, _ = counted
     batch = model.batch(model.encode(CLEAN), "right")
     monkeypatch.setattr(memory, "available_bytes", lambda device: 2**34)
@@ -133,6 +131,4 @@ def test_coordinates_per_pass_follow_the_free_memory(counted, monkeypatch):
 
 
 def _relation(n):
-    from interp.relations import Relation
-
     return Relation("r", [f"s{i}" for i in range(n)], [f"a{i % 3}" for i in range(n)], "{} is")
