@@ -25,10 +25,10 @@ No backend has a private residual stream per receiver, and none is needed for a 
 with the layer's own norm (:meth:`interp.Model.attention_norm`) and the head's slice of the
 projection (:meth:`interp.Model.head_input_weights`); the bias cancels. At each layer the patched
 heads' deltas are one matrix product (the edge weights times the senders' differences) and their
-q/k/v are changed in the one real run. An MLP reads its whole input through a nonlinearity, so
-each layer's patched MLP gets a copy of the batch (row block 1), given ``x - delta`` before the
-MLP and its output copied into the real run (block 0). One forward pass per set of edges, of one
-copy of the pairs, or two when an MLP receiver is patched.
+q/k/v are changed in the one real run. An MLP reads ``norm(x)`` through its own norm, so a
+patched MLP is given ``norm(x - delta)`` (:meth:`interp.Model.mlp_norm`) at its input site
+(``mlp.hook_in``) and computes its patched output in the real run; no copy of the batch is
+needed, and the pass costs one forward of the pairs plus a norm per patched receiver.
 
 Checks (tests): with nothing patched the metric is the target run's; with every edge patched
 (counterfactual) it is the source run's; one patched edge equals :class:`PathPatching` of that
@@ -51,25 +51,14 @@ from jaxtyping import Float
 from interp import memory
 from interp.progress import progress_bar
 
-from .components import Node, Receiver, parse_nodes, parse_receivers
+from .components import Node, parse_nodes, parse_receivers
 from .metrics import as_metric
 from .pairs import Pairs
 from .path_patching import has_parallel_blocks, reaches
-from .runs import batch_of, cache, prepare, resolve_direction, site, tile_batch
+from .runs import batch_of, cache, prepare, resolve_direction, site
 
 Tensor = torch.Tensor
 ABLATIONS = ("counterfactual", "mean")
-
-
-def _mixing(rs: list[Receiver], weights: dict, column: dict[Node, int]) -> tuple[int, Tensor]:
-    """The edge weights of a group of receivers over the senders' columns ``[receivers, k]``, with
-    ``k`` one past the last sender patched into any of them (later senders need not be written)."""
-    k = 1 + max(column[s] for r in rs for s, _ in weights[r])
-    mix = [[0.0] * k for _ in rs]
-    for i, r in enumerate(rs):
-        for s, a in weights[r]:
-            mix[i][column[s]] += a
-    return k, torch.tensor(mix, dtype=torch.float32)
 
 
 class EdgePatching:
@@ -84,7 +73,7 @@ class EdgePatching:
         or ``"mean"`` (its mean over the pairs' target inputs, per position)
     direction : ``"corrupted_into_clean"`` (default: run the clean input, patched edges carry
         corrupted values: ablation) or ``"clean_into_corrupted"``
-    batch_size : rows per forward pass (pairs x copies)
+    batch_size : pairs per forward pass
     """
 
     def __init__(
@@ -119,6 +108,18 @@ class EdgePatching:
             raise ValueError("no sender writes before any receiver reads: choose senders in earlier layers")
         self.parallel_ = has_parallel_blocks(self.model)
         self.column_ = {s: i for i, s in enumerate(self.senders_)}  # each sender's row of the differences
+        # each edge's (receiver, sender column), and the receivers in the groups a pass patches
+        # together (a layer's heads, q then k then v rows by head; a layer's MLP; the logits)
+        index = {r: i for i, r in enumerate(self.receivers_)}
+        self.edge_at_ = (
+            torch.tensor([index[r] for _, r in self.edges_]),
+            torch.tensor([self.column_[s] for s, _ in self.edges_]),
+        )
+        self.groups_: dict[tuple, Tensor] = {}
+        for r in sorted(self.receivers_, key=lambda r: ("qkv".find(r.input or "q"), r.head or 0)):
+            key = ("logits", None) if r.kind == "logits" else (r.kind, r.layer)
+            self.groups_.setdefault(key, []).append(index[r])
+        self.groups_ = {key: torch.tensor(rows) for key, rows in self.groups_.items()}
         self.w_o_: dict[int, Tensor] = {}
         for layer in sorted({s.layer for s in self.senders_ if s.kind == "head"}):
             self._w_o(layer)
@@ -126,6 +127,7 @@ class EdgePatching:
         heads = {(r.layer, r.input) for r in self.receivers_ if r.kind == "head"}
         self.w_in_ = {key: self.model.head_input_weights(*key).detach() for key in sorted(heads)}
         self.norm_ = {layer: self.model.attention_norm(layer) for layer in sorted({k[0] for k in heads})}
+        self.mlp_norm_ = {r.layer: self.model.mlp_norm(r.layer) for r in self.receivers_ if r.kind == "mlp"}
 
     def edges(self) -> pd.DataFrame:
         """The graph's edges in the order masks index them: ``sender, receiver, ...`` per row."""
@@ -161,19 +163,15 @@ class EdgePatching:
         pairs = prepare(self.model, pairs, self.metric_)
         means = self._mean_writes(pairs) if self.ablation == "mean" else None
         active = [self._plan(m) for m in masks]
-        # each set of edges runs with the copies its busiest layer needs (the full model with one);
-        # the batch of pairs is sized for the largest, so no pass exceeds batch_size rows
-        copies = [1 + max((len(slots) for slots in plan["by_layer"].values()), default=0) for plan in active]
-        per_batch = max(1, self.batch_size // max(copies))
-        rows = per_batch * max(copies)
+        per_batch = max(1, min(self.batch_size, len(pairs)))
         heads_per_layer = max(Counter(r.layer for r in self.receivers_ if r.kind == "head").values(), default=0)
-        # the source's writes and this run's differences per sender; the patched heads' norm inputs
-        writes = (2 * len(self.senders_) + heads_per_layer) * per_batch * pairs.n_pos * self.model.d_model
+        # the source's writes and this run's differences per sender; the patched receivers' norm inputs
+        writes = (2 * len(self.senders_) + heads_per_layer + 1) * per_batch * pairs.n_pos * self.model.d_model
         memory.check_fits(
-            memory.forward_bytes(self.model, rows, pairs.n_pos, graph=False)
+            memory.forward_bytes(self.model, per_batch, pairs.n_pos, graph=False)
             + writes * memory.element_bytes(self.model),
             self.model,
-            f"edge patching with {max(copies)} copies of batches of {per_batch} pairs x {pairs.n_pos} positions",
+            f"edge patching in batches of {per_batch} pairs x {pairs.n_pos} positions",
             f"use a smaller batch_size (now {self.batch_size} rows per pass) or shorter prompts",
         )
         out = torch.zeros(len(masks), len(pairs))
@@ -185,9 +183,7 @@ class EdgePatching:
             target = batch_of(part, self.target_)
             source_writes = means if means is not None else self._writes_of(batch_of(part, self.source_))
             for k, plan in enumerate(active):
-                out[k, start : start + len(part)] = (
-                    self._run(part, target, source_writes, plan, copies[k]).float().cpu()
-                )
+                out[k, start : start + len(part)] = self._run(part, target, source_writes, plan).float().cpu()
                 bar.update(len(part))
             start += len(part)
         bar.close()
@@ -242,29 +238,24 @@ class EdgePatching:
         return {s: v / count.clamp(min=1).to(v.device, v.dtype) for s, v in sums.items()}
 
     def _plan(self, mask: Tensor) -> dict:
-        """Which receivers have patched inputs, with their weights; MLP receivers grouped by layer
-        with their copy slot (heads and the logits need no copy)."""
-        weights: dict[Receiver, list[tuple[Node, float]]] = {}
-        for (s, r), a in zip(self.edges_, mask.tolist()):
-            if a != 0.0:
-                weights.setdefault(r, []).append((s, a))
-        by_layer: dict[int, dict[Receiver, int]] = {}
-        for r in weights:
-            if r.kind != "mlp":
-                continue
-            slots = by_layer.setdefault(r.layer, {})
-            slots[r] = len(slots) + 1
-        groups = {("logits", None): [r for r in weights if r.kind == "logits"]}
-        for r in sorted(weights, key=lambda r: ("qkv".find(r.input or "q"), r.head or 0)):  # q, k, v rows contiguous
-            if r.kind != "logits":
-                groups.setdefault((r.kind, r.layer), []).append(r)
-        mixes = {key: _mixing(rs, weights, self.column_) for key, rs in groups.items() if rs}
-        return {"weights": weights, "by_layer": by_layer, "groups": groups, "mixes": mixes}
+        """Per group of receivers with a patched input: the receivers, and their edge weights over
+        the senders' columns ``[receivers, k]``, ``k`` one past the last sender patched into any
+        of them (later senders need not be written)."""
+        weights = torch.zeros(len(self.receivers_), len(self.senders_))
+        weights.index_put_(self.edge_at_, mask, accumulate=True)
+        patched = weights != 0
+        groups, mixes = {}, {}
+        for key, rows in self.groups_.items():
+            rows = rows[patched[rows].any(1)]
+            if len(rows):
+                k = 1 + int(patched[rows].any(0).nonzero().max())
+                groups[key] = [self.receivers_[i] for i in rows.tolist()]
+                mixes[key] = (k, weights[rows, :k])
+        return {"groups": groups, "mixes": mixes}
 
     @torch.no_grad()
-    def _run(self, part: Pairs, target, source_writes: dict[Node, Tensor], plan: dict, copies: int) -> Tensor:
+    def _run(self, part: Pairs, target, source_writes: dict[Node, Tensor], plan: dict) -> Tensor:
         model, n = self.model, len(part)
-        weights, by_layer = plan["weights"], plan["by_layer"]
         column = self.column_
         heads_at: dict[int, list[Node]] = {}
         for s in self.senders_:
@@ -272,53 +263,59 @@ class EdgePatching:
                 heads_at.setdefault(s.layer, []).append(s)
         mlp_senders = {s.layer: s for s in self.senders_ if s.kind == "mlp"}
         embed = next((s for s in self.senders_ if s.kind == "embed"), None)
-        head_receivers = {key[1]: rs for key, rs in plan["groups"].items() if key[0] == "head"}
+        head_receivers = {key[1]: rs for key, rs in plan["groups"].items() if key[0] == "head" and rs}
+        mlp_receivers = {key[1] for key, rs in plan["groups"].items() if key[0] == "mlp" and rs}
         mixes = plan["mixes"]
-        # this run's write minus the ablated one, per sender (block 0), filled in as the pass goes
+        # this run's write minus the ablated one, per sender, filled in as the pass goes
         like = next(iter(source_writes.values()))
         shape = (len(self.senders_), n, target.input_ids.shape[1], model.d_model)
         diffs = torch.zeros(shape, dtype=like.dtype, device=like.device)
+        total = torch.zeros(shape[1:], dtype=like.dtype, device=like.device)  # their sum so far
+        ran = torch.zeros(len(self.senders_), dtype=torch.bool)
 
         def record(senders: list[Node], written: Tensor) -> None:
             """``written``: the senders' writes in this run, ``[len(senders), n, pos, d]``."""
             for s, w in zip(senders, written):
                 diffs[column[s]] = w - source_writes[s].to(w.device, w.dtype)
+                total.add_(diffs[column[s]])
+                ran[column[s]] = True
 
         def deltas(key) -> Tensor:
             """``[receivers, n, pos, d]``: the patched edges' sum for each receiver of a group (a
             layer's heads, its MLP, the logits): the edge weights ``[receivers, senders]`` times
-            the senders' differences, one matrix product."""
+            the senders' differences, one matrix product. Where most weights are 1 (a circuit's
+            complement: what faithfulness patches) it is the sum of every sender run so far less
+            the few edges not patched, over those senders' columns only."""
             k, mix = mixes[key]
-            return (mix.to(diffs.device, diffs.dtype) @ diffs[:k].flatten(1)).view(len(mix), *diffs.shape[1:])
-
-        def block(c: int) -> slice:
-            return slice(c * n, (c + 1) * n)
+            rest = ran.float().expand(len(mix), -1).clone()
+            rest[:, :k] -= mix
+            cols = rest.any(0).nonzero()[:, 0]
+            if len(cols) < k / 2:
+                out = total.flatten()[None] - rest[:, cols].to(diffs) @ diffs[cols].flatten(1)
+            else:
+                out = mix.to(diffs) @ diffs[:k].flatten(1)
+            return out.view(len(mix), *diffs.shape[1:])
 
         hooks = {}
         state: dict[str, Tensor] = {}
 
-        def give_copies(act: Tensor, layer: int, mlp_slots: dict[Receiver, int]) -> Tensor:
-            """Each patched MLP's copy block gets block 0's residual minus its patched edges."""
-            act = act.clone()
-            x = act[block(0)]
-            for r, d in zip(mlp_slots, deltas(("mlp", layer))):
-                act[block(mlp_slots[r])] = x - d
-            return act
-
-        def on_resid_pre(layer: int, mlp_slots: dict[Receiver, int]):
-            """Block 0's residual read for the layer's patched heads; the MLP receivers' copies
-            (parallel blocks) get block 0's value minus their patched edges."""
+        def on_resid(layer: int, heads: bool, mlp: bool):
+            """Read the residual a patched receiver would read: the layer's heads' norm inputs at
+            ``resid_pre``; the MLP's at ``resid_mid`` (``resid_pre`` in a parallel block)."""
 
             def hook(act):
-                x = act[block(0)]
-                if layer in head_receivers:
-                    state["moved"] = self.norm_[layer](x[None] - deltas(("head", layer)))  # [R_l, n, pos, d]
-                return give_copies(act, layer, mlp_slots) if mlp_slots else None
+                if heads:  # x - delta per receiver, in the deltas' own memory  [R_l, n, pos, d]
+                    state["moved"] = self.norm_[layer](deltas(("head", layer)).neg_().add_(act))
+                if mlp:
+                    state["mlp_in"] = self.mlp_norm_[layer](deltas(("mlp", layer))[0].neg_().add_(act))
 
             return hook
 
+        def on_mlp_in(act):
+            return state.pop("mlp_in").to(act.dtype)
+
         def on_attn_in(act):
-            state["u"] = act[block(0)]
+            state["moved"].sub_(act)  # norm(x - delta) - norm(x), what the projections move by
 
         def on_qkv(layer: int, which: str):
             """A patched head reads ``norm(x - delta) W_h`` where the model computed ``norm(x) W_h``:
@@ -330,23 +327,29 @@ class EdgePatching:
             def hook(act):
                 act = act.clone()
                 slots = [h * act.shape[2] // model.n_heads for h in heads]  # each head's slot (its group under GQA)
+                if slots == list(range(slots[0], slots[-1] + 1)):
+                    slots = slice(slots[0], slots[-1] + 1)  # consecutive heads: views, no gather or scatter
                 w = self.w_in_[(layer, which)][slots].to(act.device, act.dtype)  # [m, d_model, d_head]
                 moved = state["moved"][rows[0] : rows[-1] + 1]
-                act[block(0), :, slots] += torch.einsum("mnpd,mde->npme", moved - state["u"], w)
+                act[:, :, slots] += torch.einsum("mnpd,mde->npme", moved, w)
                 return act
 
             return hook if rows else None
 
         def on_embed(act):
             if embed is not None:
-                record([embed], act[block(0)][None])
+                record([embed], act[None])
 
         hooks[site("embed")] = on_embed
         for layer in range(model.n_layers):
-            mlp_slots = by_layer.get(layer, {})
-            if layer in head_receivers or (mlp_slots and self.parallel_):
-                hooks[site("resid_pre", layer)] = on_resid_pre(layer, mlp_slots if self.parallel_ else {})
-            if layer in head_receivers:
+            heads, mlp = layer in head_receivers, layer in mlp_receivers
+            if heads or (mlp and self.parallel_):
+                hooks[site("resid_pre", layer)] = on_resid(layer, heads, mlp and self.parallel_)
+            if mlp and not self.parallel_:
+                hooks[site("resid_mid", layer)] = on_resid(layer, False, True)
+            if mlp:
+                hooks[site("mlp_in", layer)] = on_mlp_in
+            if heads:
                 hooks[site("attn_in", layer)] = on_attn_in
                 for which in "qkv":
                     fn = on_qkv(layer, which)
@@ -358,35 +361,20 @@ class EdgePatching:
                     senders = heads_at[layer]
                     heads = [s.head for s in senders]
                     w = self._w_o(layer)[heads].to(act.device, act.dtype)  # [m, d_head, d_model]
-                    record(senders, torch.einsum("npme,med->mnpd", act[block(0)][:, :, heads], w))
+                    record(senders, torch.einsum("npme,med->mnpd", act[:, :, heads], w))
 
                 hooks[site("z", layer)] = on_z
-            if mlp_slots and not self.parallel_:
+            if layer in mlp_senders:
 
-                def on_mid(act, mlp_slots=mlp_slots, layer=layer):
-                    return give_copies(act, layer, mlp_slots)
-
-                hooks[site("resid_mid", layer)] = on_mid
-            if mlp_slots or layer in mlp_senders:
-
-                def on_mlp(act, mlp_slots=mlp_slots, layer=layer):
-                    if mlp_slots:
-                        act = act.clone()
-                        for _, c in mlp_slots.items():
-                            act[block(0)] = act[block(c)]
-                    if layer in mlp_senders:
-                        record([mlp_senders[layer]], act[block(0)][None])
-                    return act
+                def on_mlp(act, layer=layer):
+                    record([mlp_senders[layer]], act[None])
 
                 hooks[site("mlp_out", layer)] = on_mlp
-        logits_r = next((r for r in weights if r.kind == "logits"), None)
-        if logits_r is not None:
+        if ("logits", None) in mixes:
 
             def on_post(act):
-                act = act.clone()
-                act[block(0)] = act[block(0)] - deltas(("logits", None))[0]
-                return act
+                return act - deltas(("logits", None))[0]
 
             hooks[site("resid_post", model.n_layers - 1)] = on_post
-        logits = model.run(tile_batch(target, copies), hooks)
-        return self.metric_.reduce(logits[block(0)], part)
+        logits = model.run(target, hooks)
+        return self.metric_.reduce(logits, part)

@@ -15,7 +15,7 @@ use this table: ``TransformerBridge`` already exposes these names.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -116,6 +116,9 @@ class Architecture:
     #: the norm whose output the attention's q/k/v projections read (``{l}`` = layer); None in a
     #: post-norm block (BERT), whose attention reads the residual stream itself
     attn_norm: str | None = None
+    #: the norm whose output the MLP reads (from ``hook_resid_mid`` in a sequential block, from
+    #: ``hook_resid_pre`` in a parallel one); None where the MLP reads the residual itself
+    mlp_norm: str | None = None
 
     def location(self, site: str) -> Location:
         return self.locations[parse_site(site).kind]
@@ -133,6 +136,7 @@ def _decoder(layers, embed, final_norm, attn, qkv, z_module, mlp, resid_mid=None
     }
     loc.update(qkv)
     loc["attn.hook_in"] = Location(qkv["attn.hook_q"].module, "input")  # what the q projection reads
+    loc["mlp.hook_in"] = Location(f"{layers}.{{l}}.{mlp}", "input")
     if resid_mid is not None:
         loc["hook_resid_mid"] = Location(f"{layers}.{{l}}.{resid_mid}", "input")
     if pos_embed is not None:
@@ -156,6 +160,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         ),
         layers="h",
         attn_norm="h.{l}.ln_1",
+        mlp_norm="h.{l}.ln_2",
     ),
     "gpt_neox": Architecture(
         "gpt_neox",
@@ -173,6 +178,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         ),
         layers="layers",
         attn_norm="layers.{l}.input_layernorm",
+        mlp_norm="layers.{l}.post_attention_layernorm",
     ),
     "llama": Architecture(
         "llama",
@@ -192,6 +198,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         ),
         layers="layers",
         attn_norm="layers.{l}.input_layernorm",
+        mlp_norm="layers.{l}.post_attention_layernorm",
     ),
     "bert": Architecture(
         "bert",
@@ -204,6 +211,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "attn.hook_v": Location("encoder.layer.{l}.attention.self.value", "output", _heads()),
             "attn.hook_z": Location("encoder.layer.{l}.attention.output.dense", "input", _heads()),
             "hook_attn_out": Location("encoder.layer.{l}.attention.output.dense", "output"),
+            "mlp.hook_in": Location("encoder.layer.{l}.intermediate", "input"),
             "hook_mlp_out": Location("encoder.layer.{l}.output.dense", "output"),
             "hook_resid_post": Location("encoder.layer.{l}", "output", _first_of_tuple()),
         },
@@ -243,7 +251,7 @@ def architecture_for(config) -> Architecture:
     if arch.family == "gpt_neox" and not getattr(config, "use_parallel_residual", True):
         locs = dict(arch.locations)
         locs["hook_resid_mid"] = Location("layers.{l}.post_attention_layernorm", "input")
-        arch = Architecture(arch.family, locs, arch.layers, attn_norm=arch.attn_norm)
+        arch = replace(arch, locations=locs)
     return arch
 
 
@@ -257,11 +265,12 @@ def arch_info(config) -> ArchInfo:
 
 #: Where TransformerBridge's hook of the same name means something else for an architecture, the
 #: bridge hook that matches the site's definition above (``model_type -> {site kind: bridge kind}``).
-#: BERT's bridge ``hook_embed`` is the whole embedding block (word + position + type, normalized)
-#: and its ``hook_attn_out`` is after the residual add and LayerNorm; the sites are the word
-#: embeddings and the attention output projection, as for every other architecture.
+#: BERT's bridge ``hook_embed`` is the whole embedding block (word + position + type, normalized),
+#: its ``hook_attn_out`` is after the residual add and LayerNorm, and its ``mlp.hook_in`` is the
+#: whole layer's input; the sites are the word embeddings, the attention output projection and
+#: the MLP's first linear layer's input, as for every other architecture.
 BRIDGE_ALIASES: dict[str, dict[str, str]] = {
-    "bert": {"hook_embed": "embed.hook_out", "hook_attn_out": "attn.o.hook_out"},
+    "bert": {"hook_embed": "embed.hook_out", "hook_attn_out": "attn.o.hook_out", "mlp.hook_in": "mlp.in.hook_in"},
 }
 
 

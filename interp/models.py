@@ -124,7 +124,8 @@ class Model:
         return self.backend.hf_model
 
     def head_output_weights(self, layer: int) -> torch.Tensor:
-        """``W_O`` of every head at ``layer``: ``[n_heads, d_head, d_model]``."""
+        """``W_O`` of every head at ``layer``: ``[n_heads, d_head, d_model]`` (a view of the
+        model's weight where it is already laid out so: read it, do not write to it)."""
         return self.backend.head_output_weights(layer)
 
     def head_input_weights(self, layer: int, which: str) -> torch.Tensor:
@@ -138,6 +139,12 @@ class Model:
         (the block's first norm), to apply to residual streams of one's own: with
         :meth:`head_input_weights`, a head's query on any input of its own (edge patching)."""
         return self.backend.attention_norm(layer)
+
+    def mlp_norm(self, layer: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The function from the residual stream the MLP reads (``blocks.{layer}.hook_resid_mid``
+        in a sequential block, ``hook_resid_pre`` in a parallel one) to ``blocks.{layer}.mlp.hook_in``
+        (the MLP's norm): an MLP's input on a residual stream of one's own (edge patching)."""
+        return self.backend.mlp_norm(layer)
 
     def attention_pattern(self, inputs, layer: int, padding_side: str | None = None) -> torch.Tensor:
         """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""

@@ -15,6 +15,8 @@ unchanged on a ``TransformerBridge`` or on an nnsight-wrapped HuggingFace model:
                                                                      [batch, pos, head, d_head]
     blocks.{l}.hook_attn_out        attention output (after W_O)     [batch, pos, d_model]
     blocks.{l}.hook_resid_mid       residual between attention and MLP (sequential blocks only)
+    blocks.{l}.mlp.hook_in          what the MLP reads (the MLP's norm's output in pre-norm blocks)
+                                                                     [batch, pos, d_model]
     blocks.{l}.hook_mlp_out         MLP output                       [batch, pos, d_model]
     blocks.{l}.hook_resid_post      residual stream leaving block l  [batch, pos, d_model]
     ln_final.hook_normalized        final norm output                [batch, pos, d_model]
@@ -40,6 +42,7 @@ BLOCK_SITES = (
     "attn.hook_z",
     "hook_attn_out",
     "hook_resid_mid",
+    "mlp.hook_in",
     "hook_mlp_out",
     "hook_resid_post",
 )
@@ -51,6 +54,7 @@ SHORT_KINDS = {
     "resid_pre": "hook_resid_pre",
     "attn_in": "attn.hook_in",
     "resid_mid": "hook_resid_mid",
+    "mlp_in": "mlp.hook_in",
     "resid_post": "hook_resid_post",
     "attn_out": "hook_attn_out",
     "mlp_out": "hook_mlp_out",

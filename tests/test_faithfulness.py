@@ -66,6 +66,42 @@ def test_edge_patching_endpoints_and_single_edges(model_dirs, backend, family):
         assert value == pytest.approx(pp.score.item(), abs=1e-5), (row.sender, row.receiver)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])  # an MLP reading resid_mid / resid_pre
+def test_mlp_receivers_are_patched_in_the_one_run(model_dirs, backend, family):
+    """Edges into MLPs (from the embeddings, an earlier head, the same layer's head in a
+    sequential block) equal path patching of that edge, and every pass runs the pairs once: a
+    patched MLP reads ``mlp_norm(x - delta)`` at ``mlp.hook_in``, not a copy of the batch (all
+    MLPs at once: the endpoint test above)."""
+    model = interp.load_model(model_dirs[family], backend=backend)
+    pairs = _pairs(model)
+    ep = EdgePatching(model, "logit_diff", progress=False)
+    edges = ep.edges()
+    into_mlp = edges[edges.receiver_input == "mlp"]
+    senders = [s for s in ("embed", "L0H1", "L1H2") if (into_mlp.sender == s).any()]
+    picks = [into_mlp[into_mlp.sender == s].index[-1] for s in senders]
+    assert len(picks) == (3 if family == "gpt2" else 2)  # a parallel block's heads do not feed its own MLP
+    rows = []
+    run = model.backend.run
+
+    def counting(input_ids, *args, **kwargs):
+        rows.append(input_ids.shape[0])
+        return run(input_ids, *args, **kwargs)
+
+    masks = torch.zeros(len(picks), len(edges))
+    for i, j in enumerate(picks):
+        masks[i, j] = 1.0
+    model.backend.run = counting
+    try:
+        got = ep.evaluate(pairs, masks).mean(-1)
+    finally:
+        model.backend.run = run
+    assert set(rows) == {len(pairs)}, rows
+    for value, j in zip(got.tolist(), picks):
+        row = edges.loc[j]
+        pp = PathPatching(model, senders=[row.sender], receivers=[row.receiver], mlps="frozen", progress=False)
+        assert value == pytest.approx(pp.run(pairs).score.item(), abs=1e-5), (row.sender, row.receiver)
+
+
 def test_all_edges_out_of_a_node_equal_activation_patching(model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
     pairs = _pairs(model)

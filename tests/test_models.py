@@ -99,6 +99,11 @@ def test_edge_attribution_and_faithfulness_on_a_native_model():
     with torch.no_grad():
         normed = model.attention_norm(1)(acts2[pre])
     torch.testing.assert_close(normed * mask, acts2[inp] * mask, atol=1e-6, rtol=1e-6)
+    mid, mlp_in = "blocks.1.hook_resid_mid", "blocks.1.mlp.hook_in"
+    acts3 = interp.capture(model, PROMPTS, sites=[mid, mlp_in], positions="all")
+    with torch.no_grad():
+        normed = model.mlp_norm(1)(acts3[mid])
+    torch.testing.assert_close(normed * mask, acts3[mlp_in] * mask, atol=1e-6, rtol=1e-6)
     pairs = make_pairs(
         model, ["the capital of France is", "Mira was born in"], ["the capital of Spain is", "Vorn was born in"],
         answer=["Paris", "Tokyo"], wrong=["Madrid", "Paris"],
@@ -144,6 +149,27 @@ def test_attention_norm_maps_the_residual_to_the_attention_input(model_dirs, bac
         mask = acts.mask[..., None]
         torch.testing.assert_close(got * mask, acts[inp] * mask, atol=1e-6, rtol=1e-6)
     assert not torch.equal(acts[pre], acts[inp]) or family == "bert"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama_gqa", "bert"])
+def test_mlp_norm_maps_the_residual_to_the_mlp_input(model_dirs, backend, family):
+    """``mlp_norm(l)`` applied outside the model to the residual the MLP reads (``hook_resid_mid``
+    in a sequential block, ``hook_resid_pre`` in GPT-NeoX's parallel one) gives ``mlp.hook_in``;
+    BERT's post-norm MLP has no such residual, and says so."""
+    model = interp.load_model(model_dirs[family], backend=backend)
+    if family == "bert":
+        with pytest.raises(ValueError, match="post-norm"):
+            model.mlp_norm(0)
+        return
+    for layer in range(model.n_layers):
+        src = f"blocks.{layer}.hook_resid_mid" if family != "gpt_neox" else f"blocks.{layer}.hook_resid_pre"
+        inp = f"blocks.{layer}.mlp.hook_in"
+        acts = interp.capture(model, PROMPTS, sites=[src, inp], positions="all")
+        with torch.no_grad():
+            got = model.mlp_norm(layer)(acts[src])
+        mask = acts.mask[..., None]
+        torch.testing.assert_close(got * mask, acts[inp] * mask, atol=1e-6, rtol=1e-6)
+        assert not torch.equal(acts[src], acts[inp])
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama", "bert"])

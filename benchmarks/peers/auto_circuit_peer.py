@@ -4,7 +4,8 @@ Runs in its own environment (auto-circuit pins ``kaleido==0.2.1``, which the pro
 cannot use), built once:
 
     python3 -m venv .venv-auto-circuit
-    .venv-auto-circuit/bin/pip install torch==2.13.0 auto-circuit attrs "transformer-lens==2.4.1" "transformers<4.45"
+    .venv-auto-circuit/bin/pip install torch==2.13.0 auto-circuit attrs typeguard \
+        "transformer-lens==2.4.1" "transformers<4.45"
 
 then ``python benchmarks/scale.py --auto-circuit-python .venv-auto-circuit/bin/python``. The model
 is a random-weight ``HookedTransformer`` of GPT-2 small's shape (12 layers, d_model 768, 12 heads,

@@ -160,7 +160,7 @@ class Backend(ABC):
         """``W_O`` of every head at ``layer``, read off the module that consumes ``z`` (GPT-2's
         ``c_proj``, Llama's ``o_proj``, ...) by applying it to the identity (Linear or Conv1D)."""
         w = self._linear_part("attn.hook_z", layer, self.n_heads * self.d_head)  # [head * d_head, d_model]
-        return w.reshape(self.n_heads, self.d_head, -1)
+        return w.reshape(self.n_heads, self.d_head, -1).contiguous()
 
     @torch.no_grad()
     def head_input_weights(self, layer: int, which: str) -> Float[Tensor, "head d_model d_head"]:
@@ -174,36 +174,50 @@ class Backend(ABC):
         hf = self._require_hf("head_input_weights")
         raw = self._linear_part(f"attn.hook_{which}", layer, self.d_model)  # [d_model, out]
         codec = architecture_for(hf.config).locations[f"attn.hook_{which}"].codec
-        return codec.get(raw, arch_info(hf.config)).permute(1, 0, 2)
+        return codec.get(raw, arch_info(hf.config)).permute(1, 0, 2).contiguous()  # only this slice copied
 
     def attention_norm(self, layer: int) -> Callable[[Tensor], Tensor]:
         """The map from ``blocks.{layer}.hook_resid_pre`` to ``blocks.{layer}.attn.hook_in`` (the
         block's first norm; the identity in a post-norm block), callable outside a forward pass
         on any ``[..., d_model]`` tensor: the norm module's own ``forward``, called without its
         hooks (so no interpretability library sees it as a step of the model)."""
-        hf = self._require_hf("attention_norm")
-        path = architecture_for(hf.config).attn_norm
+        return self._norm(architecture_for(self._require_hf("attention_norm").config).attn_norm, layer)
+
+    def mlp_norm(self, layer: int) -> Callable[[Tensor], Tensor]:
+        """The map from the residual the MLP reads (``hook_resid_mid`` in a sequential block,
+        ``hook_resid_pre`` in a parallel one) to ``blocks.{layer}.mlp.hook_in``: the block's MLP
+        norm, called as :meth:`attention_norm` is."""
+        arch = architecture_for(self._require_hf("mlp_norm").config)
+        if arch.mlp_norm is None:
+            raise ValueError(
+                f"a {arch.family} block is post-norm: its MLP reads the attention sublayer's normalized "
+                "sum, which no residual site precedes, so there is no map from the residual stream to "
+                "the MLP's input (restrict edge patching's receivers to heads and the logits)"
+            )
+        return self._norm(arch.mlp_norm, layer)
+
+    def _norm(self, path: str | None, layer: int) -> Callable[[Tensor], Tensor]:
         if path is None:
             return _identity
-        module = _submodule(hf, path.format(l=layer))
+        module = _submodule(self.hf_model, path.format(l=layer))
         # a TransformerBridge installs its own component (with hook points) in the HuggingFace
         # model's place; the norm is the layer it wraps
-        module = getattr(module, "original_component", None) or module
-        forward = type(module).forward
-        return lambda x: forward(module, x)
+        return own_forward(getattr(module, "original_component", None) or module)
 
     def _linear_part(self, site_kind: str, layer: int, d_in: int) -> Float[Tensor, "d_in d_out"]:
         """The matrix of the linear module that reads (``attn.hook_z``) or writes (q/k/v) the site:
-        ``module(I) - module(0)``, whatever the module's weight layout (Linear or Conv1D)."""
+        a view of its weight for Linear and Conv1D (the callers copy the part they keep: at
+        GPT-2-small shape the q/k/v matrices of every layer are 85 MB, 254 MB if each fused
+        ``c_attn`` were copied whole), else ``module(I) - module(0)``."""
         hf = self._require_hf("reading weights")
         module = _submodule(hf, architecture_for(hf.config).locations[site_kind].module.format(l=layer))
         weight = getattr(module, "weight", None)
         if weight is not None and weight.device.type == "meta":  # offloaded: its hooks load it on a call
             weight = None
         if weight is not None and type(module) is torch.nn.Linear:  # y = x W^T + b, without a product
-            return weight.detach().T.clone()
+            return weight.detach().T
         if weight is not None and type(module).__name__ == "Conv1D" and weight.shape[0] == d_in:  # y = x W + b
-            return weight.detach().clone()
+            return weight.detach()
         p = next(module.parameters())
         eye = torch.eye(d_in, device=p.device, dtype=p.dtype)
         return module(eye) - module(torch.zeros(1, d_in, device=p.device, dtype=p.dtype))
@@ -223,6 +237,12 @@ class Backend(ABC):
             if before not in (None, "eager"):
                 hf.set_attn_implementation(before)
         return out.attentions[layer]
+
+
+def own_forward(module: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+    """``module``'s ``forward`` as a plain function, bypassing ``__call__`` and so its hooks."""
+    forward = type(module).forward
+    return lambda x: forward(module, x)
 
 
 def _submodule(hf: torch.nn.Module, path: str) -> torch.nn.Module:
