@@ -388,7 +388,7 @@ def row_faithfulness(model, path, args):
     edges = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
     n_circuits = 4 * 3 + 2  # sizes x (EAP + 2 random), plus the full and the empty circuit
     rows = [{"what": "floor: forward, 16 pairs", "seconds": fl["forward_s"], "peak_mb": fl["forward_mb"], "ratio": 1.0}]
-    for batch in (4, 64):  # the batch of 4 rows per pass; 64 holds every pair and its copy in one
+    for batch in (4, 64):  # the batch of 4 rows per pass; 64 holds every pair in one
         fa = Faithfulness(
             model, "logit_diff", fractions=(0.01, 0.05, 0.2, 0.5), n_random=2, batch_size=batch, progress=False
         )

@@ -59,6 +59,9 @@ from .runs import batch_of, cache, prepare, resolve_direction, site
 
 Tensor = torch.Tensor
 ABLATIONS = ("counterfactual", "mean")
+#: a group's patched-edge sum is taken as "every sender less the unpatched edges" when fewer than
+#: this share of the senders run so far have an unpatched edge into it
+COMPLEMENT_BELOW = 0.5
 
 
 class EdgePatching:
@@ -102,6 +105,9 @@ class EdgePatching:
         self.metric_ = as_metric(self.metric)
         self.target_, self.source_ = resolve_direction(self.direction)
         self.senders_ = parse_nodes(self.model, self.senders)
+        twice = sorted({s.name for s in self.senders_ if self.senders_.count(s) > 1})
+        if twice:
+            raise ValueError(f"senders listed more than once: {twice}; list each node once")
         self.receivers_ = parse_receivers(self.model, self.receivers)
         self.edges_ = [(s, r) for s in self.senders_ for r in self.receivers_ if reaches(self.model, s, r)]
         if not self.edges_:
@@ -165,8 +171,9 @@ class EdgePatching:
         active = [self._plan(m) for m in masks]
         per_batch = max(1, min(self.batch_size, len(pairs)))
         heads_per_layer = max(Counter(r.layer for r in self.receivers_ if r.kind == "head").values(), default=0)
-        # the source's writes and this run's differences per sender; the patched receivers' norm inputs
-        writes = (2 * len(self.senders_) + heads_per_layer + 1) * per_batch * pairs.n_pos * self.model.d_model
+        # the source's writes and this run's differences per sender (and a gathered half of them);
+        # the patched receivers' norm inputs and outputs, and the previous layer's, and the running sum
+        writes = (5 * len(self.senders_) // 2 + 3 * heads_per_layer + 3) * per_batch * pairs.n_pos * self.model.d_model
         memory.check_fits(
             memory.forward_bytes(self.model, per_batch, pairs.n_pos, graph=False)
             + writes * memory.element_bytes(self.model),
@@ -242,7 +249,7 @@ class EdgePatching:
         the senders' columns ``[receivers, k]``, ``k`` one past the last sender patched into any
         of them (later senders need not be written)."""
         weights = torch.zeros(len(self.receivers_), len(self.senders_))
-        weights.index_put_(self.edge_at_, mask, accumulate=True)
+        weights.index_put_(self.edge_at_, mask.cpu(), accumulate=True)
         patched = weights != 0
         groups, mixes = {}, {}
         for key, rows in self.groups_.items():
@@ -270,7 +277,8 @@ class EdgePatching:
         like = next(iter(source_writes.values()))
         shape = (len(self.senders_), n, target.input_ids.shape[1], model.d_model)
         diffs = torch.zeros(shape, dtype=like.dtype, device=like.device)
-        total = torch.zeros(shape[1:], dtype=like.dtype, device=like.device)  # their sum so far
+        total = torch.zeros(shape[1:], dtype=torch.float32, device=like.device)  # their sum so far (float32:
+        # in half precision the complement below would cancel large terms against a rounded sum)
         ran = torch.zeros(len(self.senders_), dtype=torch.bool)
 
         def record(senders: list[Node], written: Tensor) -> None:
@@ -285,13 +293,14 @@ class EdgePatching:
             layer's heads, its MLP, the logits): the edge weights ``[receivers, senders]`` times
             the senders' differences, one matrix product. Where most weights are 1 (a circuit's
             complement: what faithfulness patches) it is the sum of every sender run so far less
-            the few edges not patched, over those senders' columns only."""
+            the few edges not patched, over those senders' columns only, in float32."""
             k, mix = mixes[key]
             rest = ran.float().expand(len(mix), -1).clone()
             rest[:, :k] -= mix
             cols = rest.any(0).nonzero()[:, 0]
-            if len(cols) < k / 2:
-                out = total.flatten()[None] - rest[:, cols].to(diffs) @ diffs[cols].flatten(1)
+            if len(cols) < COMPLEMENT_BELOW * k:
+                out = total.flatten()[None] - rest[:, cols].to(total.device) @ diffs[cols].flatten(1).float()
+                out = out.to(diffs.dtype)
             else:
                 out = mix.to(diffs) @ diffs[:k].flatten(1)
             return out.view(len(mix), *diffs.shape[1:])
@@ -305,7 +314,7 @@ class EdgePatching:
 
             def hook(act):
                 if heads:  # x - delta per receiver, in the deltas' own memory  [R_l, n, pos, d]
-                    state["moved"] = self.norm_[layer](deltas(("head", layer)).neg_().add_(act))
+                    state["normed"] = self.norm_[layer](deltas(("head", layer)).neg_().add_(act))
                 if mlp:
                     state["mlp_in"] = self.mlp_norm_[layer](deltas(("mlp", layer))[0].neg_().add_(act))
 
@@ -315,7 +324,8 @@ class EdgePatching:
             return state.pop("mlp_in").to(act.dtype)
 
         def on_attn_in(act):
-            state["moved"].sub_(act)  # norm(x - delta) - norm(x), what the projections move by
+            # norm(x - delta) - norm(x), what the projections move by (pop: once per layer, or a KeyError)
+            state["moved"] = state.pop("normed").sub_(act)
 
         def on_qkv(layer: int, which: str):
             """A patched head reads ``norm(x - delta) W_h`` where the model computed ``norm(x) W_h``:
@@ -377,4 +387,9 @@ class EdgePatching:
 
             hooks[site("resid_post", model.n_layers - 1)] = on_post
         logits = model.run(target, hooks)
+        if "mlp_in" in state or "normed" in state:  # a hook point that exists but never ran
+            raise RuntimeError(
+                f"this model's {'mlp.hook_in' if 'mlp_in' in state else 'attn.hook_in'} site did not run in "
+                "the forward pass, so a patched receiver was not patched; please report the architecture"
+            )
         return self.metric_.reduce(logits, part)

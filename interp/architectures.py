@@ -117,7 +117,8 @@ class Architecture:
     #: post-norm block (BERT), whose attention reads the residual stream itself
     attn_norm: str | None = None
     #: the norm whose output the MLP reads (from ``hook_resid_mid`` in a sequential block, from
-    #: ``hook_resid_pre`` in a parallel one); None where the MLP reads the residual itself
+    #: ``hook_resid_pre`` in a parallel one); None in a post-norm block (BERT), whose MLP reads the
+    #: normalized sum of the attention sublayer, which no residual site precedes
     mlp_norm: str | None = None
 
     def location(self, site: str) -> Location:

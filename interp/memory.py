@@ -11,10 +11,10 @@ in the model's precision:
 - a forward pass without one (patching): a few residual-sized tensors per token plus the logits
   twice (the logits and what the metric computes from them);
 - the analyzer's own tensors: for EAP the receivers' input gradients and the senders' writes
-  (``[R | S, n, pos, d]``), for edge patching the batch's copies, for activation, path and node
-  patching the cached activations of both runs, for a Jacobian one backward pass's buffers per
-  output coordinate vmapped at once (which sets how many are), for a probe sweep the solver's
-  working set (``probes.logistic.solver_bytes``).
+  (``[R | S, n, pos, d]``), for edge patching the senders' writes and differences and the patched
+  receivers' inputs, for activation, path and node patching the cached activations of both runs,
+  for a Jacobian one backward pass's buffers per output coordinate vmapped at once (which sets
+  how many are), for a probe sweep the solver's working set (``probes.logistic.solver_bytes``).
 
 The estimate is compared with the memory the model's device can still give (on a GPU what
 ``torch.cuda.mem_get_info`` reports free plus what PyTorch holds reserved but unused; on Linux

@@ -6,7 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_models import with_random_norms
 
+import circuits.edge_patching
 import interp
 from circuits import (
     ActivationPatching,
@@ -71,8 +73,10 @@ def test_mlp_receivers_are_patched_in_the_one_run(model_dirs, backend, family):
     """Edges into MLPs (from the embeddings, an earlier head, the same layer's head in a
     sequential block) equal path patching of that edge, and every pass runs the pairs once: a
     patched MLP reads ``mlp_norm(x - delta)`` at ``mlp.hook_in``, not a copy of the batch (all
-    MLPs at once: the endpoint test above)."""
-    model = interp.load_model(model_dirs[family], backend=backend)
+    MLPs at once: the endpoint test above). Norms drawn at random, so no norm can stand in for
+    another."""
+    hf, tok = with_random_norms(family)
+    model = interp.load_model(hf, backend=backend, tokenizer=tok)
     pairs = _pairs(model)
     ep = EdgePatching(model, "logit_diff", progress=False)
     edges = ep.edges()
@@ -100,6 +104,30 @@ def test_mlp_receivers_are_patched_in_the_one_run(model_dirs, backend, family):
         row = edges.loc[j]
         pp = PathPatching(model, senders=[row.sender], receivers=[row.receiver], mlps="frozen", progress=False)
         assert value == pytest.approx(pp.run(pairs).score.item(), abs=1e-5), (row.sender, row.receiver)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox"])
+def test_complement_sums_equal_the_dense_product(model_dirs, family, monkeypatch):
+    """Masks that patch most edges (a circuit's complement) take the edge sum as every sender less
+    the unpatched edges; forced to the dense product instead, the metric is the same."""
+    model = interp.load_model(model_dirs[family], backend="nnsight")
+    pairs = _pairs(model)
+    ep = EdgePatching(model, "logit_diff", progress=False)
+    n = len(ep.edges())
+    gen = torch.Generator().manual_seed(0)
+    masks = (torch.rand(3, n, generator=gen) > torch.tensor([[0.02], [0.1], [0.3]])).float()
+    edges = ep.edges()
+    chain = ((edges.sender == "embed") & edges.receiver.str.startswith("L0H1")) | (
+        (edges.sender == "L0H1") & (edges.receiver == "logits")
+    )  # kept: the subject's embedding reaches the logits through L0H1
+    masks = torch.cat([masks, 1 - torch.tensor(chain.to_numpy(), dtype=torch.float32)[None]])
+    fast = ep.evaluate(pairs, masks)
+    monkeypatch.setattr(circuits.edge_patching, "COMPLEMENT_BELOW", 0.0)
+    dense = ep.evaluate(pairs, masks)
+    torch.testing.assert_close(fast, dense, atol=1e-6, rtol=1e-5)
+    assert (fast[-1] - ep.evaluate(pairs, torch.ones(1, n))[0]).abs().max() > 1e-3  # the kept chain matters
+    with pytest.raises(ValueError, match="more than once"):
+        EdgePatching(model, senders=["L0H1", "L0H1"]).edges()
 
 
 def test_all_edges_out_of_a_node_equal_activation_patching(model_dirs):

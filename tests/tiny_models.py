@@ -98,3 +98,16 @@ def save(family: str, root: Path) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def with_random_norms(family: str, seed: int = 1):
+    """``build(family)`` with every norm's scale and shift drawn at random: at their initial values
+    (1 and 0) all norms of a model are the same function, so a test could not tell one from another."""
+    model, tok = build(family)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if "Norm" in type(module).__name__:
+                for name, p in module.named_parameters(recurse=False):
+                    p.copy_((1.0 if name == "weight" else 0.0) + 0.3 * torch.randn(p.shape, generator=gen))
+    return model, tok

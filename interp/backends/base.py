@@ -158,7 +158,8 @@ class Backend(ABC):
     @torch.no_grad()
     def head_output_weights(self, layer: int) -> Float[Tensor, "head d_head d_model"]:
         """``W_O`` of every head at ``layer``, read off the module that consumes ``z`` (GPT-2's
-        ``c_proj``, Llama's ``o_proj``, ...) by applying it to the identity (Linear or Conv1D)."""
+        ``c_proj``, Llama's ``o_proj``, ...): its weight (Linear or Conv1D; a view where the layout
+        already matches), else the module applied to the identity."""
         w = self._linear_part("attn.hook_z", layer, self.n_heads * self.d_head)  # [head * d_head, d_model]
         return w.reshape(self.n_heads, self.d_head, -1).contiguous()
 
@@ -167,8 +168,8 @@ class Backend(ABC):
         """``W_Q``, ``W_K`` or ``W_V`` (``which`` is ``"q"``, ``"k"`` or ``"v"``) of every head at
         ``layer`` (of every key/value head under grouped-query attention): the linear part of the
         map from ``attn.hook_in`` to the head's query, key or value, read off the projection
-        module (GPT-2's fused ``c_attn``, Llama's ``q_proj``, ...) by applying it to the identity
-        and splitting its output into heads as the site does."""
+        module (GPT-2's fused ``c_attn``, Llama's ``q_proj``, ...) as :meth:`head_output_weights`
+        reads it and split into heads as the site does; a copy of this slice only."""
         if which not in ("q", "k", "v"):
             raise ValueError(f"which must be 'q', 'k' or 'v', got {which!r}")
         hf = self._require_hf("head_input_weights")
@@ -190,9 +191,9 @@ class Backend(ABC):
         arch = architecture_for(self._require_hf("mlp_norm").config)
         if arch.mlp_norm is None:
             raise ValueError(
-                f"a {arch.family} block is post-norm: its MLP reads the attention sublayer's normalized "
-                "sum, which no residual site precedes, so there is no map from the residual stream to "
-                "the MLP's input (restrict edge patching's receivers to heads and the logits)"
+                f"a {arch.family} block is post-norm: its MLP reads LayerNorm(resid_pre + attn_out), which is "
+                "not a function of one residual site, so there is no norm to apply to a patched residual "
+                "(restrict edge patching's receivers to heads and the logits)"
             )
         return self._norm(arch.mlp_norm, layer)
 
