@@ -105,7 +105,7 @@ class EdgePatching:
         self.metric_ = as_metric(self.metric)
         self.target_, self.source_ = resolve_direction(self.direction)
         self.senders_ = parse_nodes(self.model, self.senders)
-        twice = sorted({s.name for s in self.senders_ if self.senders_.count(s) > 1})
+        twice = sorted(s.name for s, count in Counter(self.senders_).items() if count > 1)
         if twice:
             raise ValueError(f"senders listed more than once: {twice}; list each node once")
         self.receivers_ = parse_receivers(self.model, self.receivers)
@@ -270,8 +270,8 @@ class EdgePatching:
                 heads_at.setdefault(s.layer, []).append(s)
         mlp_senders = {s.layer: s for s in self.senders_ if s.kind == "mlp"}
         embed = next((s for s in self.senders_ if s.kind == "embed"), None)
-        head_receivers = {key[1]: rs for key, rs in plan["groups"].items() if key[0] == "head" and rs}
-        mlp_receivers = {key[1] for key, rs in plan["groups"].items() if key[0] == "mlp" and rs}
+        head_receivers = {key[1]: rs for key, rs in plan["groups"].items() if key[0] == "head"}
+        mlp_receivers = {key[1] for key in plan["groups"] if key[0] == "mlp"}
         mixes = plan["mixes"]
         # this run's write minus the ablated one, per sender, filled in as the pass goes
         like = next(iter(source_writes.values()))

@@ -200,10 +200,7 @@ class Backend(ABC):
     def _norm(self, path: str | None, layer: int) -> Callable[[Tensor], Tensor]:
         if path is None:
             return _identity
-        module = _submodule(self.hf_model, path.format(l=layer))
-        # a TransformerBridge installs its own component (with hook points) in the HuggingFace
-        # model's place; the norm is the layer it wraps
-        return own_forward(getattr(module, "original_component", None) or module)
+        return norm_function(_submodule(self.hf_model, path.format(l=layer)))
 
     def _linear_part(self, site_kind: str, layer: int, d_in: int) -> Float[Tensor, "d_in d_out"]:
         """The matrix of the linear module that reads (``attn.hook_z``) or writes (q/k/v) the site:
@@ -240,8 +237,11 @@ class Backend(ABC):
         return out.attentions[layer]
 
 
-def own_forward(module: torch.nn.Module) -> Callable[[Tensor], Tensor]:
-    """``module``'s ``forward`` as a plain function, bypassing ``__call__`` and so its hooks."""
+def norm_function(module: torch.nn.Module) -> Callable[[Tensor], Tensor]:
+    """A norm module's ``forward`` as a plain function, bypassing ``__call__`` and so its hooks. A
+    TransformerBridge component (with hook points, whose sites such as ``hook_resid_mid`` an
+    analyzer may be hooking) stands for the layer it wraps, so that layer is called."""
+    module = getattr(module, "original_component", None) or module
     forward = type(module).forward
     return lambda x: forward(module, x)
 

@@ -13,7 +13,7 @@ from ..architectures import bridge_hook_name
 from ..sites import site_name, standard_sites
 from ..trainable import LoraSpec, add_lora, lora_targets
 from ..trainable import freeze_embeddings as freeze_embedding_tables
-from .base import Backend, HookFn, Tensor, accepts_position_ids, own_forward
+from .base import Backend, HookFn, Tensor, accepts_position_ids, norm_function
 from .hf import name_of, place, tokenizer_of
 
 
@@ -168,13 +168,13 @@ class TransformerLensBackend(Backend):
         own ``ln1`` for a native model."""
         if getattr(self.hf_model, "config", None) is not None:
             return super().attention_norm(layer)
-        return _norm_of(self.bridge.blocks[layer].ln1)
+        return norm_function(self.bridge.blocks[layer].ln1)
 
     def mlp_norm(self, layer: int):
         """As the nnsight backend reads it, or the bridge's own ``ln2`` for a native model."""
         if getattr(self.hf_model, "config", None) is not None:
             return super().mlp_norm(layer)
-        return _norm_of(self.bridge.blocks[layer].ln2)
+        return norm_function(self.bridge.blocks[layer].ln2)
 
     @torch.no_grad()
     def attention_pattern(self, input_ids, attention_mask, layer: int):
@@ -226,12 +226,6 @@ class _Stopped(Exception):
 
 def _stop(activation, hook):
     raise _Stopped
-
-
-def _norm_of(component):
-    """A native bridge's norm as a function: the layer its component wraps, called without the
-    component's hook points (whose sites, such as ``hook_resid_mid``, an analyzer may be hooking)."""
-    return own_forward(getattr(component, "original_component", None) or component)
 
 
 def _as_tl_hook(fn: HookFn):
