@@ -47,6 +47,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from interp.resampling import bootstrap_indices, percentile_interval, resampled_means
+
 from .edge_patching import EdgePatching
 from .pairs import Pairs
 from .runs import metric_of
@@ -292,7 +294,7 @@ class Faithfulness:
 
         point = self._area_rows(curve, faith(x.mean(-1)))
         rng = np.random.default_rng(self.seed)
-        boot = faith(np.stack([x[:, rng.integers(0, n, n)].mean(-1) for _ in range(self.n_boot)]))  # [B, masks]
+        boot = faith(resampled_means(x, bootstrap_indices(rng, n, self.n_boot)).T)  # [B, masks]
         boot_areas = self._area_rows(curve, boot)
         methods = point[point.method != "random"]
         rand = point[point.method == "random"]
@@ -303,20 +305,15 @@ class Faithfulness:
                 "method": row.method,
                 "cpr": float(row.cpr),
                 "cmd": float(row.cmd),
-                "cpr_low": float(np.quantile(b.cpr, 0.025)),
-                "cpr_high": float(np.quantile(b.cpr, 0.975)),
-                "cmd_low": float(np.quantile(b.cmd, 0.025)),
-                "cmd_high": float(np.quantile(b.cmd, 0.975)),
             }
+            entry["cpr_low"], entry["cpr_high"] = percentile_interval(b.cpr)
+            entry["cmd_low"], entry["cmd_high"] = percentile_interval(b.cmd)
             if len(rand):
                 r_cpr, r_cmd = rand.cpr.to_numpy(float), rand.cmd.to_numpy(float)
                 boot_rand = np.stack(boot_areas[boot_areas.method == "random"].cpr.to_list()).mean(0)  # [B]
                 excess = np.asarray(b.cpr) - boot_rand
-                entry.update(
-                    excess_cpr=float(row.cpr - r_cpr.mean()),
-                    excess_low=float(np.quantile(excess, 0.025)),
-                    excess_high=float(np.quantile(excess, 0.975)),
-                )
+                entry["excess_cpr"] = float(row.cpr - r_cpr.mean())
+                entry["excess_low"], entry["excess_high"] = percentile_interval(excess)
                 entry.update(
                     random_cpr_mean=float(r_cpr.mean()),
                     random_cpr_sd=float(r_cpr.std(ddof=1)) if len(rand) > 1 else np.nan,

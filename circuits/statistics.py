@@ -33,9 +33,11 @@ generator keyed by SHA-256 of the seed and a label, resamples drawn 256 at a tim
 seed gives the same interval as ``PatchingResult.bootstrap_ci(of_effect=True)`` and
 ``permutation_pvalue()`` on the same pairs (tested).
 
+The resampled means and the sign-flip test are :mod:`interp.resampling`'s, the study's too.
+
 Cost: the per-pair values take ``4 * cells * n_pairs`` bytes; resampling works on blocks of
-cells as matrix products (``[cells, n] @ [n, draws]``), so its memory is bounded by the block,
-not by ``cells x draws x n``. The total is checked against ``max_bytes`` before any forward
+:data:`interp.resampling.BLOCK` cells, so its memory is bounded by the block
+(``block x draws x n``), not by ``cells x draws x n``. The total is checked against ``max_bytes`` before any forward
 pass; the forward passes are the same as without statistics
 (``benchmarks/patching_statistics.py`` measures the difference).
 """
@@ -43,7 +45,6 @@ pass; the forward passes are the same as without statistics
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -51,7 +52,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-ALTERNATIVES = ("two-sided", "greater", "less")
+from interp import resampling
+
+ALTERNATIVES = resampling.ALTERNATIVES
 CHUNK = 256
 EXACT_MAX_N = 12
 
@@ -91,13 +94,11 @@ def as_uncertainty(statistics) -> Uncertainty | None:
     raise TypeError(f"statistics must be a bool or circuits.Uncertainty(...), got {type(statistics).__name__}")
 
 
-#: cells resampled at a time (bounds the resampling's memory to BLOCK x CHUNK floats)
-BLOCK = 4096
-
-
 def check_memory(cells: int, n_pairs: int, config: Uncertainty, what: str) -> None:
     """Refuse before running when the kept table plus the resampling's working memory would not fit."""
-    work = 4 * min(cells, BLOCK) * (CHUNK + 2 ** min(n_pairs, EXACT_MAX_N) + n_pairs)
+    draws = max(config.n_resamples * n_pairs, 2 ** min(n_pairs, EXACT_MAX_N), config.n_permutations)
+    work = 4 * min(cells, resampling.BLOCK) * (draws + n_pairs) + 4 * 2 * draws  # a block's draws, and the draws
+
     need = 4 * cells * n_pairs + work
     if need > config.max_bytes:
         raise MemoryError(
@@ -114,42 +115,32 @@ def generator(seed: int, *labels) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed(value)
 
 
-def _blocks(x: torch.Tensor):
-    for start in range(0, x.shape[0], BLOCK):
-        yield x[start : start + BLOCK]
-
-
 def bootstrap_ci(values: torch.Tensor, config: Uncertainty) -> tuple[torch.Tensor, torch.Tensor]:
-    """Percentile bootstrap interval of the mean over the last axis: ``[cells, n] -> ([cells], [cells])``.
-
-    Each chunk of resamples is a matrix of counts (how often each pair is drawn, over ``n``), so
-    the resampled means are one matrix product, ``x @ W.T``."""
+    """Percentile bootstrap interval of the mean over the last axis: ``[cells, n] -> ([cells], [cells])``
+    (the draws: TransformerLens' generator; the means and interval: :mod:`interp.resampling`)."""
     x = values.float().reshape(-1, values.shape[-1])
     n = x.shape[-1]
     gen = generator(config.seed, "bootstrap", "mean")
-    weights = []
-    for start in range(0, config.n_resamples, CHUNK):
-        count = min(CHUNK, config.n_resamples - start)
-        idx = torch.randint(0, n, (count, n), generator=gen)
-        weights.append(torch.zeros(count, n).scatter_add_(1, idx, torch.ones(count, n)) / n)
-    w = torch.cat(weights)  # [resamples, n]
-    tail = (1 - config.confidence) / 2
-    low, high = [], []
-    for block in _blocks(x):
-        draws = block @ w.T  # [cells, resamples]
-        low.append(torch.quantile(draws, tail, dim=-1))
-        high.append(torch.quantile(draws, 1 - tail, dim=-1))
+    idx = torch.cat(
+        [
+            torch.randint(0, n, (min(CHUNK, config.n_resamples - start), n), generator=gen)
+            for start in range(0, config.n_resamples, CHUNK)
+        ]
+    )
+    means = resampling.resampled_means(x.numpy(), idx.numpy())  # [cells, resamples]
+    low, high = resampling.percentile_interval(means, config.confidence)
     shape = values.shape[:-1]
-    return torch.cat(low).reshape(shape), torch.cat(high).reshape(shape)
+    return torch.as_tensor(low).reshape(shape), torch.as_tensor(high).reshape(shape)
 
 
 def sign_flip_p(effects: torch.Tensor, config: Uncertainty) -> torch.Tensor:
-    """Sign-flip permutation p-value that the mean of each row is zero: ``[cells, n] -> [cells]``."""
-    x_all = effects.float().reshape(-1, effects.shape[-1])
-    n = x_all.shape[-1]
-    if n <= EXACT_MAX_N:
-        signs = torch.tensor(list(itertools.product((1.0, -1.0), repeat=n)))
-        denom, plus = float(signs.shape[0]), 0.0
+    """Sign-flip permutation p-value that the mean of each row is zero: ``[cells, n] -> [cells]``
+    (exact up to :data:`EXACT_MAX_N` pairs; :func:`interp.resampling.sign_flip_p`)."""
+    x = effects.float().reshape(-1, effects.shape[-1])
+    n = x.shape[-1]
+    exact = n <= EXACT_MAX_N
+    if exact:
+        signs = resampling.all_sign_patterns(n)
     else:
         gen = generator(config.seed, "permutation")
         signs = torch.cat(
@@ -157,21 +148,9 @@ def sign_flip_p(effects: torch.Tensor, config: Uncertainty) -> torch.Tensor:
                 torch.randint(0, 2, (min(CHUNK, config.n_permutations - s), n), generator=gen).float() * 2 - 1
                 for s in range(0, config.n_permutations, CHUNK)
             ]
-        )
-        denom, plus = config.n_permutations + 1.0, 1.0
-    out = []
-    for x in _blocks(x_all):
-        observed = x.mean(-1, keepdim=True)
-        tolerance = observed.abs() * (100 * torch.finfo(x.dtype).eps)  # summation-order ties count as hits
-        null = x @ signs.T / n  # [cells, patterns]
-        if config.alternative == "two-sided":
-            hit = null.abs() >= observed.abs() - tolerance
-        elif config.alternative == "greater":
-            hit = null >= observed - tolerance
-        else:
-            hit = null <= observed + tolerance
-        out.append((hit.sum(-1).float() + plus) / denom)
-    return torch.cat(out).reshape(effects.shape[:-1])
+        ).numpy()
+    p = resampling.sign_flip_p(x.numpy(), signs, config.alternative, exact=exact)
+    return torch.as_tensor(np.asarray(p, dtype=np.float32)).reshape(effects.shape[:-1])
 
 
 def fdr(p: np.ndarray) -> np.ndarray:

@@ -322,6 +322,22 @@ class Model:
             self._fingerprint = h.hexdigest()[:16]
         return self._fingerprint
 
+    def content_digest(self) -> str:
+        """What identifies the model's content (:meth:`fingerprint`), for keying saved results."""
+        return self.fingerprint()
+
+    def __reduce__(self):
+        """A handle travels to a worker process by reference: the worker loads it again from
+        :attr:`source` (once per process) and checks that the weights' fingerprint matches. A
+        model only in memory, or one with standing interventions, cannot be sent."""
+        if self.source is None or self._standing:
+            raise TypeError(
+                f"model {self.name!r} cannot be sent to a worker process: a worker loads the model again, so load "
+                "it from a directory or a name (interp.load_model(path)), not from an object in memory"
+                + (" (and send it without standing interventions)" if self._standing else "")
+            )
+        return _reload, (self.source, self.backend_name, self.name, self.fingerprint())
+
     def __repr__(self) -> str:
         return (
             f"Model({self.name!r}, backend={self.backend_name!r}, n_layers={self.n_layers}, "
@@ -330,6 +346,23 @@ class Model:
 
 
 # loading ---------------------------------------------------------------------------------------
+_RELOADED: dict[tuple[str, str, str], Model] = {}
+
+
+def _reload(source: str, backend: str, name: str, fingerprint: str) -> Model:
+    """A model sent by reference (:meth:`Model.__reduce__`), loaded once per process."""
+    key = (source, backend, fingerprint)
+    if key not in _RELOADED:
+        model = load_model(source, backend=backend, name=name)
+        if model.fingerprint() != fingerprint:
+            raise RuntimeError(
+                f"{source} holds other weights (fingerprint {model.fingerprint()}) than the model that was sent "
+                f"({fingerprint}): it changed on disk, or the sent model was modified after loading"
+            )
+        _RELOADED[key] = model
+    return _RELOADED[key]
+
+
 def load_model(
     spec: Any,
     backend: str | None = None,

@@ -10,6 +10,7 @@ the package: ``load_relations(lre_dir() / "factual")``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -51,6 +52,11 @@ class Relation:
         if self.prompts_override is not None:
             return [Prompt(p, s) for p, s in zip(self.prompts_override, self.subjects)]
         return [Prompt(self.template.format(s), s) for s in self.subjects]
+
+    def content_digest(self) -> str:
+        """A hash of the relation's contents (subjects, answers, prompts), not just its name."""
+        key = {"subjects": self.subjects, "answers": self.answers, "prompts": [p.text for p in self.prompts()]}
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
     def answer_set(self) -> list[str]:

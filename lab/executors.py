@@ -20,6 +20,10 @@ bit-identical across executors when the jobs run with the same number of threads
 ``SerialExecutor(threads=1)`` and ``RayExecutor(num_cpus=1)`` (tested); with different counts they
 differ in the last digits. Jobs that fail are collected and reported together
 (:class:`JobsFailedError`) after every other job has finished.
+
+**A hook in the worker.** ``before=fn`` calls ``fn(label)`` where each job runs (in the Ray
+worker, for Ray) just before the job: for logging, or for fault injection in tests (a hook that
+kills its process on one label is how the tests check that a crashed worker loses nothing).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class Executor(ABC):
     name: str = "executor"
     #: torch threads per job (None: the executor's default, see the module docstring)
     threads: int | None = None
+    #: called with each job's label where the job runs, just before it (see the module docstring)
+    before: Callable[[str], None] | None = None
 
     @abstractmethod
     def map(
@@ -64,16 +70,19 @@ class Executor(ABC):
 class SerialExecutor(Executor):
     name = "serial"
 
-    def __init__(self, progress: bool | None = None, threads: int | None = None):
+    def __init__(
+        self, progress: bool | None = None, threads: int | None = None, before: Callable[[str], None] | None = None
+    ):
         self.progress = progress
         self.threads = threads
+        self.before = before
 
     def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
         labels = list(labels or map(str, range(len(items))))
         results, failures = [None] * len(items), {}
         for i, item in enumerate(progress_bar(items, desc=desc, unit="jobs", progress=self.progress)):
             try:
-                results[i] = _call_with_threads(fn, item, self.threads)
+                results[i] = _call_with_threads(fn, item, self.threads, self.before, labels[i])
             except Exception as err:  # keep going: every other job still runs and is saved
                 failures[i] = err
                 continue
@@ -97,6 +106,7 @@ class RayExecutor(Executor):
     max_retries : Ray's automatic retries of a task whose worker died
     init_kwargs : passed to ``ray.init`` (e.g. ``num_cpus=2`` for a local cluster)
     runtime_env : Ray runtime environment for the tasks (env vars, working dir, ...)
+    before : called with each job's label in its worker, before the job (module docstring)
     """
 
     name = "ray"
@@ -111,7 +121,9 @@ class RayExecutor(Executor):
         runtime_env: dict | None = None,
         threads: int | None = None,
         progress: bool | None = None,
+        before: Callable[[str], None] | None = None,
     ):
+        self.before = before
         self.address, self.num_cpus, self.num_gpus = address, num_cpus, num_gpus
         self.threads = threads
         self.max_retries, self.init_kwargs, self.runtime_env = max_retries, dict(init_kwargs or {}), runtime_env
@@ -138,7 +150,7 @@ class RayExecutor(Executor):
             options["runtime_env"] = self.runtime_env
         task = ray.remote(_call_with_threads).options(**options)
         threads = self.threads or max(1, int(self.num_cpus))
-        refs = {task.remote(fn, item, threads): i for i, item in enumerate(items)}
+        refs = {task.remote(fn, item, threads, self.before, labels[i]): i for i, item in enumerate(items)}
         pending = list(refs)
         results, failures = [None] * len(items), {}
         bar = progress_bar(total=len(items), desc=f"{desc} (ray)", unit="jobs", progress=self.progress)
@@ -160,15 +172,18 @@ class RayExecutor(Executor):
         return results
 
 
-def _call_with_threads(fn, item, threads: int | None):
-    """``fn(item)`` with ``threads`` torch threads (None: as they are), restored afterwards."""
-    before = torch.get_num_threads()
+def _call_with_threads(fn, item, threads: int | None, before=None, label: str = ""):
+    """``fn(item)`` with ``threads`` torch threads (None: as they are), restored afterwards, after
+    ``before(label)``."""
+    if before is not None:
+        before(label)
+    was = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         return fn(item)
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(was)
 
 
 def executor_for(spec) -> Executor:

@@ -16,6 +16,11 @@ be told apart.
 
 Both are fitted on the states they are given and nothing else: a study fits them on its
 fine-tuning subjects only (no held-out subject informs the eraser).
+
+**Readability after erasure** (:func:`erased_probe_kappa`): cross-validated probe kappa with the
+eraser refitted inside each fold on the training rows only. Erasing with an eraser fitted on all
+rows and then cross-validating gives *below*-chance kappas: equalizing the class means of the
+whole set pushes each held-out fold's class means the opposite way of the training folds'.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from jaxtyping import Float
+from sklearn.model_selection import StratifiedKFold
+
+from .chance import kappa
+from .readability import frequent, standardized_logistic
 
 Tensor = torch.Tensor
 
@@ -80,3 +89,20 @@ def random_subspace(states: Float[Tensor, "n d"], rank: int, seed: int) -> Erase
     gen = torch.Generator().manual_seed(seed)
     q, _ = torch.linalg.qr(torch.randn(d, rank, generator=gen, dtype=torch.float64))
     return Eraser(q.float(), q.float(), x.double().mean(0).float(), "random")
+
+
+def erased_probe_kappa(x: np.ndarray, y: Sequence, folds: int = 5, seed: int = 0) -> float:
+    """Cross-validated probe kappa (:func:`probes.readability.probe_kappa`) on LEACE-erased
+    states, the eraser fitted inside each fold on its training rows (module docstring)."""
+    y = np.asarray(y)
+    keep = frequent(y, folds)
+    x, y = x[keep], y[keep]
+    if len(set(y)) < 2:
+        return float("nan")
+    pred = np.empty(len(y), dtype=object)
+    for train, test in StratifiedKFold(folds, shuffle=True, random_state=seed).split(x, y):
+        eraser = fit_leace(torch.as_tensor(x[train]), y[train])
+        probe = standardized_logistic()
+        probe.fit(eraser(torch.as_tensor(x[train])).numpy(), y[train])
+        pred[test] = probe.predict(eraser(torch.as_tensor(x[test])).numpy())
+    return kappa(list(y), list(pred))

@@ -10,14 +10,61 @@ its ``readout_``, every test subject's cross-validated prediction):
   selectivity;
 - :func:`best_layers`: each relation's best layer, the highest kappa (lowest layer on ties);
 - :func:`best_layer_readability`: one row per relation at its best layer, the relation's *readability*.
+
+For states already in hand (not a sweep over a model's layers), :func:`probe_kappa` is the same
+measure in one call: the kappa of a standardized logistic probe, cross-validated (stratified
+k-fold) or trained on one set and tested on another. :func:`probes.erasure.erased_probe_kappa`
+is its twin on erased states.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from .chance import chance_levels, kappa
+
+
+def standardized_logistic(C: float = 1.0) -> Pipeline:
+    """The readability probe on states in hand: ``StandardScaler() + LogisticRegression(C)``."""
+    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000))
+
+
+def frequent(y: Sequence, folds: int) -> np.ndarray:
+    """Mask of the rows whose label occurs at least ``folds`` times (stratified k-fold needs them)."""
+    y = np.asarray(y)
+    counts = pd.Series(y).value_counts()
+    return np.isin(y, counts[counts >= folds].index)
+
+
+def probe_kappa(
+    x_fit: np.ndarray,
+    y_fit: Sequence,
+    x_test: np.ndarray | None = None,
+    y_test: Sequence | None = None,
+    folds: int = 5,
+    seed: int = 0,
+) -> float:
+    """Kappa of a standardized logistic probe: cross-validated on ``(x_fit, y_fit)`` (stratified
+    ``folds``-fold, shuffled with ``seed``), or trained there and tested on ``(x_test, y_test)``.
+    Answers rarer than ``folds`` are left out of cross-validation; NaN when fewer than 2 remain."""
+    y_fit = np.asarray(y_fit)
+    probe = standardized_logistic()
+    if x_test is None:
+        keep = frequent(y_fit, folds)
+        if len(set(y_fit[keep])) < 2:
+            return float("nan")
+        cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
+        pred = cross_val_predict(probe, x_fit[keep], y_fit[keep], cv=cv)
+        return kappa(list(y_fit[keep]), list(pred))
+    probe.fit(x_fit, y_fit)
+    return kappa(list(y_test), list(probe.predict(x_test)))
 
 
 def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataFrame:

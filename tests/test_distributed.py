@@ -94,7 +94,7 @@ def test_killed_worker_loses_nothing_and_restart_recomputes_nothing(ray_cluster,
 
     jobs = [j.id for j in Study.jobs(_FakeStudy())]
     victim = jobs[1]
-    crash = RayExecutor(num_cpus=1, max_retries=0, runtime_env={"env_vars": {"INTERP_CRASH_JOB": victim}})
+    crash = RayExecutor(num_cpus=1, max_retries=0, before=_killer(victim))  # the executor's documented hook
     with pytest.raises(JobsFailedError, match=victim):
         run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False, executor=crash)
     runs = tmp_path / "runs"
@@ -122,6 +122,19 @@ def test_killed_worker_loses_nothing_and_restart_recomputes_nothing(ray_cluster,
     assert ra.drop(columns=[c for c in ra if c.startswith("generalization")]).equals(
         rb.drop(columns=[c for c in rb if c.startswith("generalization")])
     )
+
+
+def _killer(victim: str):
+    """A ``before`` hook (:mod:`lab.executors`) that kills its worker process on one job: fault
+    injection. A local function, so that Ray's cloudpickle sends it by value to the worker."""
+
+    def kill(label: str) -> None:
+        if label == victim:
+            import os
+
+            os._exit(1)
+
+    return kill
 
 
 class _FakeStudy:

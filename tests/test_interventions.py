@@ -13,6 +13,8 @@ from tiny_models import build
 
 import interp
 import lab.study.interventions as iv
+import lab.study.interventions.arms as arms
+import lab.study.interventions.steering as steering_arm
 from interp.prompts import Prompt
 from interp.relations import Relation
 from lab.study import FinetuneConfig, StudyConfig
@@ -142,13 +144,13 @@ WORLD_RELATIONS = ["continent", "hand", "season", "diet"]
 @pytest.mark.slow
 def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tmp_path, monkeypatch):
     seen = []
-    fit = iv.fit_erasers
+    fit = arms.fit_erasers
 
     def spy(x, answers, n_random, seed):
         seen.append(x.clone())
         return fit(x, answers, n_random, seed)
 
-    monkeypatch.setattr(iv, "fit_erasers", spy)
+    monkeypatch.setattr(arms, "fit_erasers", spy)
     study_cfg = StudyConfig(
         finetune_budget=(60, 90),
         label_seeds=(0,),
@@ -184,7 +186,8 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
     assert table.probe_before_kappa.max() > 0.3
     assert (table.transfer_after_kappa < table.transfer_before_kappa).all()
     # a second run reads every arm from disk: no fine-tune runs again, same tables
-    monkeypatch.setattr(iv, "finetune", lambda *a, **k: pytest.fail("a finished arm was fine-tuned again"))
+    for module in (arms, steering_arm):
+        monkeypatch.setattr(module, "finetune", lambda *a, **k: pytest.fail("a finished arm was fine-tuned again"))
     again = Interventions(
         "world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
     ).run()

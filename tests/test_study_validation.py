@@ -128,15 +128,15 @@ def test_the_folder_guard_compares_contents_not_names(tmp_path, model_dirs):
     model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
     cfg = replace(CFG, n_finetune=1)
     rels = _tiny_relations()
-    Study(model, rels, tmp_path, cfg)._check_folder()
-    Study(model, rels, tmp_path, cfg)._check_folder()  # the same study resumes
+    Study(model, rels, tmp_path, cfg).runner()
+    Study(model, rels, tmp_path, cfg).runner()  # the same study resumes
     changed = (
         rels[:1] + [Relation("born", rels[1].subjects, list(reversed(rels[1].answers)), rels[1].template)] + rels[2:]
     )
     with pytest.raises(ValueError, match=r"relations contents changed: \['born'\]"):
-        Study(model, changed, tmp_path, cfg)._check_folder()
+        Study(model, changed, tmp_path, cfg).runner()
     with pytest.raises(ValueError, match=r"configuration: folds 3 -> 4"):
-        Study(model, rels, tmp_path, replace(cfg, folds=4))._check_folder()
+        Study(model, rels, tmp_path, replace(cfg, folds=4)).runner()
 
 
 def test_prompt_tokens_the_model_never_saw_are_warned_about(tmp_path, model_dirs):

@@ -40,7 +40,6 @@ after each variant, atomically. A killed run resumes with the first unfinished v
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -49,14 +48,16 @@ import pandas as pd
 
 from interp.models import load_model
 from interp.progress import progress_bar
-from interp.results import write_json, write_table
-from lab.world import TrainConfig, World, WorldSpec, default_spec, train_world_model
+from interp.results import write_table
+from lab.stages import DERIVED, WHERE, Runner, Stage, Task
+from lab.world import TrainConfig, World, WorldSpec, default_spec
 from lab.world.report import recall
 
-from .causal import shipped_checkpoint, without_augmentation
+from .causal import without_augmentation
 from .finetune import FinetuneConfig
 from .run import run_study
 from .study import StudyConfig
+from .worlds import shipped_checkpoint, world_task
 
 
 @dataclass(frozen=True)
@@ -192,80 +193,104 @@ def ablate(
             }
         )
     )
-    path = out / "ablation_plan.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        diffs = [k for k in plan if old.get(k) != plan[k]]
-        if diffs:
-            raise ValueError(
-                f"{out} holds an ablation with other {', '.join(diffs)}; use a new folder (or delete this one)"
-            )
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(plan, path)
+    runner = Runner(out, progress=progress)
+    runner.claim("ablation_plan.json", plan, _differences, "ablation", refusal=PLAN_REFUSAL)
     # fine-tuning-only rows fine-tune the full recipe's model when it is shipped, else the baseline's
     recipe = shipped_checkpoint(spec, train)
     rows, per_relation = [], []
     for v, s, t in progress_bar(plans, desc="variants", unit="variants", progress=progress):
-        folder = out / "variants" / _slug(v.name)
-        done = folder / "row.json"
-        if not done.exists() and only is not None and v.name != "baseline" and v.name not in only:
+        vc = replace(config or ablation_study_config(), **v.study)
+        vc = replace(vc, finetune=replace(vc.finetune, **v.finetune))
+        inputs = VariantInputs(v, s, t, vc, train.steps, recipe, out, progress)
+        task = Task(VARIANT, inputs, f"variants/{_slug(v.name)}/row.json")
+        if only is not None and v.name != "baseline" and v.name not in only and not runner.done(task):
             continue
-        if not done.exists():
-            ckpt = folder / "world" if v.pretrains else recipe or out / "variants" / "baseline" / "world"
-            minutes = None
-            shipped = shipped_checkpoint(s, t) if v.pretrains else recipe
-            if shipped is not None:  # this world with this recipe is shipped: measure it, do not retrain
-                ckpt = shipped
-            elif not (ckpt / "model.safetensors").exists():
-                start = time.time()
-                train_world_model(s, ckpt, t, progress=progress)
-                minutes = (time.time() - start) / 60
-            vc = replace(config or ablation_study_config(), **v.study)
-            vc = replace(vc, finetune=replace(vc.finetune, **v.finetune))
-            result = run_study(ckpt, out=folder / "study", config=vc, progress=progress)
-            rel = result.table("relations")
-            model = load_model(ckpt)
-            rec = recall(model, World.generate(s)).groupby("relation")["correct"].mean()
-            m = vc.methods[0]
-            gen, read = rel[f"generalization_kappa_{m}"], rel["readability_best_kappa"]
-            pearson = result.summary.get("headline", {}).get("pearson", {})
-            kind = "shipped" if shipped is not None else "own" if v.pretrains or v.name == "baseline" else "baseline's"
-            steps_used = t.steps if v.pretrains or v.name == "baseline" or recipe is None else train.steps
-            row = {
-                "variant": v.name,
-                "factor": v.factor,
-                "checkpoint": kind,
-                "steps": steps_used,
-                "pretrain_minutes": minutes,
-                "recall": float(rec.mean()),
-                "readability": float(read.mean()),
-                "readability_min": float(read.min()),
-                "readability_max": float(read.max()),
-                "generalization": float(gen.mean()),
-                "generalization_max": float(gen.max()),
-                "relations_ge_0.5": int((gen >= 0.5).sum()),
-                "relations_le_0.05": int((gen <= 0.05).sum()),
-                "r": pearson.get("r"),
-                "r_p_monte_carlo": pearson.get("p_monte_carlo"),
-                "method": m,
-            }
-            rel_rows = [
-                {
-                    "variant": v.name,
-                    "relation": x.relation,
-                    "recall": float(rec.get(x.relation, float("nan"))),
-                    "readability": x.readability_best_kappa,
-                    "generalization": getattr(x, f"generalization_kappa_{m}"),
-                }
-                for x in rel.itertuples()
-            ]
-            write_json({"row": row, "relations": rel_rows}, done)
-        saved = json.loads(done.read_text())
+        saved = runner.run(task)
         rows.append(saved["row"])
         per_relation += saved["relations"]
         write_table(pd.DataFrame(rows), out / "ablation.csv")
         write_table(pd.DataFrame(per_relation), out / "ablation_relations.csv")
     return pd.DataFrame(rows)
+
+
+PLAN_REFUSAL = "{folder} holds an ablation with other {differences}; use a new folder (or delete this one)"
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    return [k for k in new if old.get(k) != new[k]]
+
+
+@dataclass(frozen=True)
+class VariantInputs:
+    """One variant's row: its world, recipe and study configuration (keyed); where the
+    checkpoints are (not keyed)."""
+
+    variant: Variant
+    spec: WorldSpec
+    train: TrainConfig
+    config: StudyConfig
+    recipe_steps: int
+    recipe: Path | None = field(metadata=WHERE)
+    out: Path = field(metadata=WHERE)
+    progress: bool | None = field(default=None, metadata=DERIVED)
+
+
+def measure_variant(inputs: VariantInputs) -> dict:
+    """Pretrain the variant's world (or reuse the shipped or the baseline's model), run the
+    reduced study on it and measure recall, readability and generalization."""
+    v, s, t, vc, out = inputs.variant, inputs.spec, inputs.train, inputs.config, inputs.out
+    recipe, progress = inputs.recipe, inputs.progress
+    folder = out / "variants" / _slug(v.name)
+    # a variant that pretrains has its own world; the others fine-tune the recipe's (shipped) model, else the baseline's
+    shipped = shipped_checkpoint(s, t) if v.pretrains else recipe
+    minutes = None
+    if shipped is not None:  # this world with this recipe is shipped: measure it, do not retrain
+        ckpt = shipped
+    else:
+        name = f"variants/{_slug(v.name)}/world" if v.pretrains else "variants/baseline/world"
+        world = Runner(out, progress=progress).run(world_task(out, name, s, t, retrain=True, progress=progress))
+        ckpt, minutes = world.folder, world.minutes
+    result = run_study(ckpt, out=folder / "study", config=vc, progress=progress)
+    rel = result.table("relations")
+    model = load_model(ckpt)
+    rec = recall(model, World.generate(s)).groupby("relation")["correct"].mean()
+    m = vc.methods[0]
+    gen, read = rel[f"generalization_kappa_{m}"], rel["readability_best_kappa"]
+    pearson = result.summary.get("headline", {}).get("pearson", {})
+    kind = "shipped" if shipped is not None else "own" if v.pretrains or v.name == "baseline" else "baseline's"
+    steps_used = t.steps if v.pretrains or v.name == "baseline" or recipe is None else inputs.recipe_steps
+    row = {
+        "variant": v.name,
+        "factor": v.factor,
+        "checkpoint": kind,
+        "steps": steps_used,
+        "pretrain_minutes": minutes,
+        "recall": float(rec.mean()),
+        "readability": float(read.mean()),
+        "readability_min": float(read.min()),
+        "readability_max": float(read.max()),
+        "generalization": float(gen.mean()),
+        "generalization_max": float(gen.max()),
+        "relations_ge_0.5": int((gen >= 0.5).sum()),
+        "relations_le_0.05": int((gen <= 0.05).sum()),
+        "r": pearson.get("r"),
+        "r_p_monte_carlo": pearson.get("p_monte_carlo"),
+        "method": m,
+    }
+    rel_rows = [
+        {
+            "variant": v.name,
+            "relation": x.relation,
+            "recall": float(rec.get(x.relation, float("nan"))),
+            "readability": x.readability_best_kappa,
+            "generalization": getattr(x, f"generalization_kappa_{m}"),
+        }
+        for x in rel.itertuples()
+    ]
+    return {"row": row, "relations": rel_rows}
+
+
+VARIANT = Stage("ablation variant", measure_variant)
 
 
 def _slug(name: str) -> str:

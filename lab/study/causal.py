@@ -17,25 +17,32 @@ bootstrap CI over relations (each group resampled separately). It is reported ag
 untouched relations and against those also not *derived* from a manipulated relation (a derived
 relation's facts are functions of a manipulated relation's facts, so the model may compute
 them through it even though their writing is unchanged).
+
+Stages (:mod:`lab.stages`, one runner in ``out``): pretrain each world (:data:`lab.study.worlds.WORLD`,
+``world_<name>/``, keyed by the world's spec and the recipe; a shipped checkpoint of the same
+world and recipe is copied), the study on each (``study_<name>/``, the study's own stages), and
+the comparison (``causal.csv``, ``causal.json``), recomputed from the two studies' tables.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from interp.resampling import bootstrap_indices, percentile_interval, resampled_means
 from interp.results import write_json, write_table
-from lab.world import TrainConfig, World, WorldSpec, default_spec, train_world_model
-from lab.world.checkpoint import shipped_world_checkpoints
+from lab.stages import Runner
+from lab.world import TrainConfig, World, WorldSpec, default_spec
 
 from .run import run_study
 from .study import StudyConfig
+from .worlds import shipped_checkpoint, world_task
+
+__all__ = ["causal_test", "did_with_ci", "shipped_checkpoint", "without_augmentation", "writing_digests"]
 
 
 def without_augmentation(spec: WorldSpec, names: Sequence[str]) -> WorldSpec:
@@ -82,14 +89,9 @@ def causal_test(
             "the causal test needs them untouched (manipulate them too, or change the world's writing)"
         )
     tables = {}
+    runner = Runner(out, progress=progress)
     for name, s in worlds.items():
-        ckpt = out / f"world_{name}"
-        if not (ckpt / "model.safetensors").exists():
-            shipped = None if retrain else shipped_checkpoint(s, train)
-            if shipped is not None:  # a shipped model is this world with this recipe: reuse it
-                shutil.copytree(shipped, ckpt)
-            else:
-                train_world_model(s, ckpt, train, progress=progress)
+        ckpt = runner.run(world_task(out, f"world_{name}", s, train, retrain=retrain, progress=progress)).folder
         result = run_study(ckpt, out=out / f"study_{name}", config=config, progress=progress)
         tables[name] = result.table("relations").set_index("relation")
     a, b = tables["augmented"], tables["plain"]
@@ -149,16 +151,15 @@ def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: in
     est = float(np.mean(treated) - np.mean(control))
     if len(treated) < 2 or len(control) < 2:
         return {"estimate": est, "ci_low": float("nan"), "ci_high": float("nan"), "p_value": float("nan")}
-    bt = treated[rng.integers(0, len(treated), (n_boot, len(treated)))].mean(1)
-    bc = control[rng.integers(0, len(control), (n_boot, len(control)))].mean(1)
-    d = bt - bc
-    a = (1 - ci) / 2
+    bt = resampled_means(treated, bootstrap_indices(rng, len(treated), n_boot))
+    bc = resampled_means(control, bootstrap_indices(rng, len(control), n_boot))
+    low, high = percentile_interval(bt - bc, ci)
     pooled = np.concatenate([treated, control])
     perms = rng.permuted(np.tile(np.arange(len(pooled)), (n_perm, 1)), axis=1)
     nt = len(treated)
     diffs = pooled[perms[:, :nt]].mean(1) - pooled[perms[:, nt:]].mean(1)
     p = float((1 + np.sum(np.abs(diffs) >= abs(est) - 1e-12)) / (n_perm + 1))
-    return {"estimate": est, "ci_low": float(np.quantile(d, a)), "ci_high": float(np.quantile(d, 1 - a)), "p_value": p}
+    return {"estimate": est, "ci_low": low, "ci_high": high, "p_value": p}
 
 
 def _means(df: pd.DataFrame) -> dict:
@@ -180,12 +181,3 @@ def _derived_from(name: str, manipulated: Sequence[str], derived: dict) -> bool:
 def writing_digests(spec: WorldSpec) -> dict[str, str]:
     """Every relation's writing digest (:meth:`~lab.world.World.relation_digests`) in the world of ``spec``."""
     return World.generate(spec).relation_digests()
-
-
-def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Path | None:
-    """The shipped checkpoint trained on exactly this world with exactly this recipe, if any."""
-    for root in shipped_world_checkpoints():
-        same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec
-        if same_spec and json.loads((root / "train_config.json").read_text()) == asdict(train):
-            return root
-    return None

@@ -5,6 +5,7 @@
   sample the percentile interval is used and the ``ci_method`` column says so) and a two-sided
   permutation p-value (:func:`permutation_p`: pairings shuffled, ``(1 + #{|r*| >= |r|}) /
   (1 + n_perm)``; vectorized so that :mod:`lab.study.null` can afford it thousands of times);
+  bootstrap draws and intervals are :mod:`interp.resampling`'s, as everywhere in the project;
 - **Spearman rho** (``scipy.stats.spearmanr``);
 - **partial correlation** controlling for covariates: both variables are residualized on the
   covariates by OLS (``statsmodels``), the residuals are correlated, and the p-value uses a t
@@ -20,6 +21,8 @@ import warnings
 import numpy as np
 import pandas as pd
 from scipy import stats
+
+from interp.resampling import bootstrap_indices, percentile_interval
 
 #: covariates the partial correlations control for, separately and jointly (``chance``: the
 #: prior-matched chance level sum p_a^2 of the held-out subjects' answers)
@@ -91,7 +94,7 @@ def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: flo
 def _percentile_interval(x, y, n_boot: int, ci: float, rng) -> tuple[float, float]:
     """Paired percentile bootstrap of Pearson r; resamples where r is undefined (a constant
     variable) are left out rather than making the interval NaN."""
-    idx = rng.integers(0, len(x), size=(n_boot, len(x)))
+    idx = bootstrap_indices(rng, len(x), n_boot)
     xb, yb = x[idx], y[idx]
     xc, yc = xb - xb.mean(1, keepdims=True), yb - yb.mean(1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -99,8 +102,7 @@ def _percentile_interval(x, y, n_boot: int, ci: float, rng) -> tuple[float, floa
     r = r[np.isfinite(r)]
     if not len(r):
         return float("nan"), float("nan")
-    a = (1 - ci) / 2
-    return float(np.quantile(r, a)), float(np.quantile(r, 1 - a))
+    return percentile_interval(r, ci)
 
 
 def spearman(x, y) -> dict:
@@ -176,14 +178,12 @@ def correlation_difference(x, z, y, n_boot: int = 2000, seed: int = 0, ci: float
     n = len(y)
     r = lambda a, b: float(np.corrcoef(a, b)[0, 1])  # noqa: E731
     diff = r(x, y) - r(z, y)
-    rng = np.random.default_rng(seed)
-    draws = []
-    for _ in range(n_boot):
-        i = rng.integers(0, n, n)
-        if np.std(x[i]) > 0 and np.std(z[i]) > 0 and np.std(y[i]) > 0:
-            draws.append(r(x[i], y[i]) - r(z[i], y[i]))
-    tail = (1 - ci) / 2
-    low, high = np.quantile(draws, [tail, 1 - tail]) if draws else (np.nan, np.nan)
+    draws = [
+        r(x[i], y[i]) - r(z[i], y[i])
+        for i in bootstrap_indices(np.random.default_rng(seed), n, n_boot)
+        if np.std(x[i]) > 0 and np.std(z[i]) > 0 and np.std(y[i]) > 0
+    ]
+    low, high = percentile_interval(draws, ci) if draws else (np.nan, np.nan)
     w = williams_t(r(x, y), r(z, y), r(x, z), n)
     return {
         "diff": diff,

@@ -32,8 +32,21 @@ For every relation:
 
 Every input is checked before the first forward pass (:mod:`lab.study.validate`).
 
-Everything is written to ``out_dir`` as it is computed: each stage's table and each fine-tune as
-its own file (atomically), so a killed study restarts where it stopped and gives the same numbers.
+The study is a composition of stages (:mod:`lab.stages`), run into ``out_dir`` by one runner:
+
+====================  ==========================================  ===================================
+stage                 reads                                       writes
+====================  ==========================================  ===================================
+claim                 model fingerprint, relations, configuration ``study.json`` (or refuses the folder)
+readability           model, relations                            ``readability*.csv``, ``probe_readout.*``
+pretrained answers    model, relations, subject frequencies       ``pretrained.csv``, ``pretrained.parquet``
+fine-tune (per job)   model, relation, configuration, job         ``runs/<job id>.json``
+summary               every result above                          tables, ``summary.json``, report
+====================  ==========================================  ===================================
+
+Each result is written atomically as it is computed and reloaded instead of recomputed, so a
+killed study restarts where it stopped and gives the same numbers; a deleted job file redoes just
+that job.
 """
 
 from __future__ import annotations
@@ -48,20 +61,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from interp.models import Model, load_model
-from interp.progress import progress_bar
-from interp.relations import Relation, RelationError
-from interp.results import write_json, write_table
-from lab.executors import SerialExecutor, executor_for
+from interp.models import Model
+from interp.relations import Relation
+from interp.results import write_json
+from lab.stages import Runner, Task
 from lab.world.vocab import LABELS
-from probes import ProbeSweep
-from probes.chance import chance_levels, expected_agreement, kappa
-from probes.readability import best_layers, readability_by_layer
+from probes.readability import best_layers
 
-from .design import finetune_budget, make_design, per_answer
-from .finetune import FinetuneConfig, finetune
+from .design import Design, finetune_budget, per_answer
+from .finetune import FinetuneConfig
+from .jobs import FINETUNE, FinetuneJob, Job, design_for, shuffled_backmap_rates, wrong_top
+from .readout import PRETRAINED, READABILITY, PretrainedInputs, Readability, ReadabilityInputs
 from .summary import summarize
 from .validate import validate_study
+
+__all__ = ["Job", "Study", "StudyConfig", "StudyResult", "relation_digest", "shuffled_backmap_rates", "wrong_top"]
 
 
 @dataclass(frozen=True)
@@ -116,20 +130,7 @@ def _digest(obj) -> str:
 
 def relation_digest(r: Relation) -> str:
     """A hash of a relation's contents (subjects, answers, prompts), not just its name."""
-    return _digest({"subjects": r.subjects, "answers": r.answers, "prompts": [p.text for p in r.prompts()]})
-
-
-@dataclass(frozen=True)
-class Job:
-    relation: str
-    method: str
-    category: str
-    label_seed: int
-    finetune_seed: int
-
-    @property
-    def id(self) -> str:
-        return f"{self.relation}__{self.method}__{self.category}__l{self.label_seed}__f{self.finetune_seed}"
+    return r.content_digest()
 
 
 class Study:
@@ -181,115 +182,39 @@ class Study:
         order = sorted(specs, key=lambda s: (s[0] != m0, s[1] != c.category, s[2], s[3], s[1], s[0]))
         return [Job(r, *s) for s in order for r in self.relations]
 
-    def design(self, relation: Relation, category: str, label_seed: int):
-        """The relation's relabelling and split; a label that is also one of the relation's answers
-        (a colour relabelled with colours) is never used for it."""
-        answers = {a.lower() for a in relation.answers}
-        labels = tuple(w for w in self.labels[category] if w.lower() not in answers)
-        return make_design(
-            relation, labels, self.config.per_answer(relation), label_seed, self.config.split_seed, category
-        )
+    def design(self, relation: Relation, category: str, label_seed: int) -> Design:
+        """The relation's relabelling and split (:func:`lab.study.jobs.design_for`)."""
+        return design_for(relation, self.labels, self.config, category, label_seed)
 
     # stages ----------------------------------------------------------------------------------
-    def _check_folder(self) -> None:
-        """Refuse a folder that holds a different study: compared by content (model weights,
-        each relation's subjects/answers/prompts, configuration), and say what differs."""
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "runs").mkdir(exist_ok=True)
+    def runner(self) -> Runner:
+        """The study folder's runner, after refusing a folder that holds a different study
+        (compared by content: model weights, each relation's subjects/answers/prompts,
+        configuration; the error says what differs)."""
+        runner = Runner(self.out, progress=self.progress)
         meta = {
             "config": self.config.to_dict(),
             "model": self.model.name,
             "fingerprint": self.model.fingerprint(),
             "relations": {name: relation_digest(r) for name, r in sorted(self.relations.items())},
         }
-        path = self.out / "study.json"
-        if path.exists():
-            old = json.loads(path.read_text())
-            diffs = _differences(old, meta)
-            if diffs:
-                raise ValueError(
-                    f"{self.out} holds a different study ({'; '.join(diffs)}); use a new output folder "
-                    "(or delete this one) to start over"
-                )
-        else:
-            write_json(meta, path)
+        runner.claim("study.json", meta, _differences, "study")
+        (self.out / "runs").mkdir(exist_ok=True)
+        return runner
 
-    def _readability(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        paths = [self.out / f for f in ("readability.csv", "readability_layers.csv", "probe_readout.csv")]
-        if all(p.exists() for p in paths):
-            ro = pd.read_csv(paths[2], dtype={"subject": str, "answer": str, "predicted": str}, keep_default_na=False)
-            ro["top_answers"] = ro["top_answers"].map(json.loads)
-            return pd.read_csv(paths[0]), pd.read_csv(paths[1]), ro
-        # every answer ranked, so that k remain after the true answer and the answers the design
-        # left out are removed (back-mapping)
-        sweep = ProbeSweep(
-            folds=self.config.folds,
-            C=self.config.probe_C,
-            top_k=self.config.top_k,
-            readout_k=10_000,
-            progress=self.progress,
+    def readability(self, runner: Runner) -> Readability:
+        """The probe sweep on the pretrained model (computed once, then read back)."""
+        c = self.config
+        inputs = ReadabilityInputs(
+            self.model, tuple(self.relation_list), c.folds, c.probe_C, c.top_k, self.fixed_layer, self.progress
         )
-        table = sweep.run(self.model, self.relation_list, model_name=self.model.name)
-        layers = readability_by_layer(table, sweep.readout_)
-        best = best_layers(layers)
-        ro = sweep.readout_
-        ro = ro[ro.apply(lambda r: r["layer"] in (best[r["relation"]], self.fixed_layer), axis=1)].copy()
-        ro["top_answers"] = ro["top_answers"].map(json.dumps)
-        write_table(ro, paths[2])
-        write_table(layers, paths[1])
-        write_table(table, paths[0])
-        ro["top_answers"] = ro["top_answers"].map(json.loads)
-        return table, layers, ro
+        return runner.run(Task(READABILITY, inputs, "probe_readout.parquet"))
 
-    def _pretrained(self) -> pd.DataFrame:
-        path = self.out / "pretrained.csv"
-        if path.exists():
-            df = pd.read_csv(path, dtype={"subject": str, "answer": str, "model_answer": str}, keep_default_na=False)
-            df["model_top_answers"] = df["model_top_answers"].map(json.loads)
-            df["correct"] = df["correct"].map(
-                lambda v: {"True": True, "False": False, "": np.nan}.get(v, v) if isinstance(v, str) else v
-            )
-            return df
-        rows = []
-        undefined = self.model.scoring.answers_undefined
-        for r in progress_bar(
-            list(self.relations.values()), desc="pretrained answers", unit="relations", progress=self.progress
-        ):
-            answers = r.answer_set
-            freq = self._frequencies(r)
-            if undefined:  # an encoder: no answer to read before fine-tuning (missing, not guessed)
-                rows += [
-                    {
-                        "relation": r.name,
-                        "subject": s,
-                        "answer": a,
-                        "model_answer": "",
-                        "correct": None,
-                        "model_top_answers": "null",
-                        "subject_frequency": freq[i],
-                    }
-                    for i, (s, a) in enumerate(zip(r.subjects, r.answers))
-                ]
-                continue
-            scores = self.model.logprobs([p.text for p in r.prompts()], answers)
-            top = scores.argsort(-1, descending=True)  # every answer ranked (see _readability)
-            for i, (s, a) in enumerate(zip(r.subjects, r.answers)):
-                ranked = [answers[j] for j in top[i].tolist()]
-                rows.append(
-                    {
-                        "relation": r.name,
-                        "subject": s,
-                        "answer": a,
-                        "model_answer": ranked[0],
-                        "correct": ranked[0] == a,
-                        "model_top_answers": json.dumps(ranked),
-                        "subject_frequency": freq[i],
-                    }
-                )
-        df = pd.DataFrame(rows)
-        write_table(df, path)
-        df["model_top_answers"] = df["model_top_answers"].map(json.loads)
-        return df
+    def pretrained(self, runner: Runner) -> pd.DataFrame:
+        """The pretrained model's answers and each subject's frequency (computed once, then read back)."""
+        frequencies = {r.name: tuple(self._frequencies(r)) for r in self.relation_list}
+        inputs = PretrainedInputs(self.model, tuple(self.relation_list), frequencies, self.progress)
+        return runner.run(Task(PRETRAINED, inputs, "pretrained.parquet"))
 
     def _frequencies(self, r: Relation) -> list[float]:
         if self.subject_frequency is not None:
@@ -298,88 +223,19 @@ class Study:
         # of the subject's tokens after its first; an encoder's word pieces per word)
         return [self.model.scoring.frequency(s) for s in r.subjects]
 
-    def _run_job(self, job: Job, readout: pd.DataFrame, pretrained: pd.DataFrame, best_layer: int) -> dict:
-        path = self.out / "runs" / f"{job.id}.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        r = self.relations[job.relation]
-        base = {**asdict(job), "job": job.id}
-        try:
-            design = self.design(r, job.category, job.label_seed)
-        except RelationError as err:
-            if job.category == self.config.category:
-                raise
-            result = {
-                **base,
-                "status": "skipped",
-                "reason": str(err),
-            }  # documented: too few labels in a robustness category
-            write_json(result, path)
-            return result
-        label_set = design.labels
-        tmpl = self.config.finetune.template
-        ft_prompts = [tmpl.format(r.subjects[i]) for i in design.finetune]
-        ft_labels = [design.mapping[r.answers[i]] for i in design.finetune]
-        tuned, info = finetune(
-            self.model, ft_prompts, ft_labels, label_set, job.method, self.config.finetune, seed=job.finetune_seed
+    def finetune_task(self, job: Job, readability: Readability, pretrained: pd.DataFrame, best_layer: int) -> Task:
+        """The fine-tune ``job`` as a task (:mod:`lab.study.jobs`), saved as ``runs/<job id>.json``."""
+        inputs = FinetuneJob(
+            self.model,
+            self.relations[job.relation],
+            self.config,
+            self.labels,
+            job,
+            _rows_of(readability.readout, job.relation, best_layer),
+            pretrained[pretrained.relation == job.relation],
+            best_layer,
         )
-        ho_prompts = [tmpl.format(r.subjects[i]) for i in design.heldout]
-        scores = tuned.logprobs(ho_prompts, label_set)
-        pred = [label_set[j] for j in scores.argmax(-1).tolist()]
-        probe_top = {
-            row.subject: row.top_answers
-            for row in readout[(readout.relation == r.name) & (readout.layer == best_layer)].itertuples()
-        }
-        model_top = {
-            row.subject: row.model_top_answers for row in pretrained[pretrained.relation == r.name].itertuples()
-        }
-        k, kept = self.config.top_k, set(design.mapping)
-        preds, lists = [], []
-        for i, p in zip(design.heldout, pred):
-            s, a = r.subjects[i], r.answers[i]
-            back = design.inverse[p]
-            wrong = p != design.mapping[a]
-            row = {
-                "subject": s,
-                "answer": a,
-                "label": design.mapping[a],
-                "predicted_label": p,
-                "correct": not wrong,
-                "backmapped_answer": back,
-            }
-            for who, ranking in (("probe", probe_top.get(s)), ("model", model_top.get(s))):
-                # top-k among the design's wrong answers; no ranking (a subject the probe left out) is not a miss
-                top = wrong_top(ranking, a, k, kept) if ranking is not None else None
-                row[f"in_{who}_topk"] = (back in top) if (wrong and top is not None) else None
-                row[f"{who}_slots"] = len(top) if top is not None else None
-                if wrong:
-                    lists.append((who, a, back, top))
-            preds.append(row)
-        truth = [q["label"] for q in preds]
-        acc = float(np.mean([q["correct"] for q in preds]))
-        levels = chance_levels(truth)
-        result = {
-            **base,
-            "status": "done",
-            "n_answers": len(label_set),
-            "n_finetune_subjects": len(design.finetune),
-            "n_heldout": len(design.heldout),
-            "dropped_answers": design.dropped_answers,
-            "mapping": design.mapping,
-            "generalization": acc,
-            "generalization_kappa": kappa(truth, pred),
-            "chance_uniform": levels["uniform"],
-            "chance_prior": levels["prior"],
-            "chance_majority": levels["majority"],
-            "chance_expected": expected_agreement(truth, pred),
-            "full_batch": len(design.finetune) <= self.config.finetune.batch_size,
-            **shuffled_backmap_rates(lists, seed=job.finetune_seed),
-            **info,
-            "predictions": preds,
-        }
-        write_json(result, path)
-        del tuned
-        return result
+        return Task(FINETUNE, inputs, f"runs/{job.id}.json")
 
     # the whole study ---------------------------------------------------------------------------
     def validate(self) -> list[str]:
@@ -392,81 +248,18 @@ class Study:
         budgeting, and to test resumption). ``executor``: where the fine-tunes run
         (:mod:`lab.executors`: ``"serial"`` by default, ``"ray"`` or an Executor)."""
         notes = self.validate()
-        ex = executor_for(executor)
-        self._check_folder()
+        runner = self.runner()
         write_json({"untrained_prompt_tokens": notes}, self.out / "warnings.json")
-        readability, layers, readout = self._readability()
-        pretrained = self._pretrained()
-        best = best_layers(layers)
+        read = self.readability(runner)
+        pretrained = self.pretrained(runner)
+        best = best_layers(read.layers)
         jobs = self.jobs()
-        todo = [j for j in jobs if not (self.out / "runs" / f"{j.id}.json").exists()]
-        if max_jobs is not None:
-            todo = todo[:max_jobs]
-        if isinstance(ex, SerialExecutor):
-            if ex.progress is None:
-                ex.progress = self.progress
-            ex.map(
-                lambda job: self._run_job(job, readout, pretrained, best[job.relation]),
-                todo,
-                labels=[j.id for j in todo],
-                desc="fine-tunes",
-            )
-        elif todo:
-            if self.model.source is None:
-                raise ValueError(
-                    "a distributed study reloads the model in each worker: load it from a directory or "
-                    "a name (interp.load_model(path)), not from an object in memory"
-                )
-            payloads = [
-                RemoteJob(
-                    self.model.source,
-                    self.model.backend_name,
-                    self.relations[j.relation],
-                    self.out,
-                    self.config,
-                    self.labels,
-                    j,
-                    _rows_of(readout, j.relation, best[j.relation]),
-                    pretrained[pretrained.relation == j.relation],
-                    best[j.relation],
-                )
-                for j in todo
-            ]
-            ex.map(run_remote_job, payloads, labels=[j.id for j in todo], desc="fine-tunes")
-        done = [j for j in jobs if (self.out / "runs" / f"{j.id}.json").exists()]
-        if len(done) < len(jobs):
+        tasks = [self.finetune_task(j, read, pretrained, best[j.relation]) for j in jobs]
+        results = runner.map(tasks, executor=executor, desc="fine-tunes", labels=[j.id for j in jobs], limit=max_jobs)
+        if any(r is None for r in results):
             return StudyResult(self.out, complete=False)
-        results = [json.loads((self.out / "runs" / f"{j.id}.json").read_text()) for j in jobs]
-
-        summarize(self, readability, layers, readout, pretrained, results, best, notes)
+        summarize(self, read.table, read.layers, read.readout, pretrained, results, best, notes)
         return StudyResult(self.out, complete=True)
-
-
-def shuffled_backmap_rates(lists: list, n_shuffles: int = 100, seed: int = 0) -> dict:
-    """Expected back-mapping hit rates if the wrong labels' answers were shuffled among the
-    relation's errors: a null that keeps how often each answer is back-mapped (the fine-tuned
-    model's label preferences) and each list's popularity bias, but breaks the link to the subject.
-    ``lists``: ``(who, true answer, back-mapped answer, top list or None)`` per error."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for who in ("probe", "model"):
-        rows = [(a, b, top) for w, a, b, top in lists if w == who and top is not None]
-        if not rows:
-            out[f"{who}_shuffled_rate"] = None
-            continue
-        backs = np.array([b for _, b, _ in rows], dtype=object)
-        hits = []
-        for _ in range(n_shuffles):
-            perm = backs[rng.permutation(len(backs))]
-            hits.append(np.mean([b in top for (_, _, top), b in zip(rows, perm)]))
-        out[f"{who}_shuffled_rate"] = float(np.mean(hits))
-    return out
-
-
-def wrong_top(ranked: Sequence[str], answer: str, k: int, kept: set | None = None) -> list[str]:
-    """The first ``k`` answers of a ranking with the true ``answer`` (and answers not in ``kept``)
-    removed."""
-    return [a for a in ranked if a != answer and (kept is None or a in kept)][:k]
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -510,38 +303,3 @@ class StudyResult:
 
 def _rows_of(readout: pd.DataFrame, relation: str, layer: int) -> pd.DataFrame:
     return readout[(readout.relation == relation) & (readout.layer == layer)]
-
-
-@dataclass
-class RemoteJob:
-    """Everything a worker needs to run one fine-tune of a study (picklable)."""
-
-    source: str
-    backend: str
-    relation: Relation
-    out: Path
-    config: StudyConfig
-    labels: dict
-    job: Job
-    readout: pd.DataFrame
-    pretrained: pd.DataFrame
-    best_layer: int
-
-
-_WORKER_MODELS: dict = {}
-
-
-def run_remote_job(rj: RemoteJob) -> dict:
-    """Run one study job in a worker (the model is loaded once per worker process).
-
-    ``INTERP_CRASH_JOB=<job id>`` in a worker's environment makes that job kill its worker
-    process (fault injection for testing recovery)."""
-    import os
-
-    if os.environ.get("INTERP_CRASH_JOB") == rj.job.id:
-        os._exit(1)
-    key = (rj.source, rj.backend)
-    if key not in _WORKER_MODELS:
-        _WORKER_MODELS[key] = load_model(rj.source, backend=rj.backend)
-    study = Study(_WORKER_MODELS[key], [rj.relation], rj.out, rj.config, labels=rj.labels, progress=False)
-    return study._run_job(rj.job, rj.readout, rj.pretrained, rj.best_layer)

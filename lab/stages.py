@@ -1,0 +1,295 @@
+"""Stages: one way to run a step, save its result and resume.
+
+A **stage** is a pure function from typed inputs (a frozen dataclass) to a result, saved as one
+file. A :class:`Runner` owns an output folder and is the only place in :mod:`lab` that decides
+whether a step is done:
+
+- a result on disk is **reloaded** instead of recomputed (so an interrupted run resumes, and
+  deleting one job's file redoes only that job);
+- every result is keyed by a **digest of its inputs** (:func:`digest`), kept beside it under
+  ``.stages/``; a result made from other inputs is refused with what differs, not silently
+  reused;
+- results are **written atomically** (:mod:`interp.results`), and the key only after the result:
+  a run killed mid-write leaves no half file;
+- :meth:`Runner.map` runs many tasks of a stage on an executor (:mod:`lab.executors`): serially
+  in this process or as Ray tasks, through the same code path (the task, its inputs and the stage
+  function are what a worker receives; a model handle travels by reference,
+  :meth:`interp.models.Model.__reduce__`);
+- :meth:`Runner.claim` refuses a folder that holds another experiment (compared by content).
+
+What a digest covers: every field of the inputs, except those declared with
+``field(metadata=DERIVED)``: values computed from the other fields (a study's probe read-out is a
+function of the model, the relation and the configuration, all keyed), which may differ in the
+last float digit between a fresh and a resumed run without the step's inputs having changed.
+Objects digest by content: a model by its weights' fingerprint, a relation by its subjects,
+answers and prompts, dataclasses field by field, tables by their values.
+
+>>> runner = Runner("results/x")
+>>> result = runner.run(Task(FINETUNE, inputs, "runs/a.json"))     # computed, or reloaded
+>>> results = runner.map([Task(FINETUNE, i, f"runs/{i.id}.json") for i in jobs], executor="ray")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from interp.results import write_json, write_table
+
+from .executors import Executor, SerialExecutor, executor_for
+
+I = TypeVar("I")  # noqa: E741
+R = TypeVar("R")
+
+#: ``field(metadata=DERIVED)``: an input computed from the other inputs, left out of the digest
+DERIVED = {"digest": False}
+#: ``field(metadata=WHERE)``: where or how a step writes (a folder, a flag), not what it computes
+WHERE = {"digest": False}
+
+
+REFUSAL = (
+    "{folder} holds a different {what} ({differences}); use a new output folder (or delete this one) to start over"
+)
+
+
+class StageInputsChanged(ValueError):
+    """A saved result was made from other inputs than the ones given now."""
+
+
+# codecs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Codec:
+    """How a result is written (atomically) and read back."""
+
+    save: Callable[[Any, Path], None]
+    load: Callable[[Path], Any]
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text())
+
+
+JSON = Codec(write_json, _read_json)
+
+
+def table_codec(**read_csv) -> Codec:
+    """A DataFrame saved as CSV and read back with ``pd.read_csv(**read_csv)``."""
+    return Codec(write_table, lambda path: pd.read_csv(path, **read_csv))
+
+
+def parquet_codec() -> Codec:
+    """A DataFrame saved as parquet (list-valued columns stay lists, floats exact)."""
+
+    def save(df: pd.DataFrame, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        df.to_parquet(tmp, index=False)
+        tmp.replace(path)
+
+    def load(path: Path) -> pd.DataFrame:
+        df = pd.read_parquet(path)
+        for c in df.columns:  # parquet reads lists back as numpy arrays
+            if df[c].dtype == object and len(df) and isinstance(df[c].iloc[0], np.ndarray):
+                df[c] = df[c].map(lambda v: None if v is None else v.tolist())
+        return df
+
+    return Codec(save, load)
+
+
+# stages and tasks -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Stage(Generic[I, R]):
+    """A named step: ``fn(inputs) -> result``, saved with ``codec``. ``fn`` must be a module-level
+    function (a worker imports it) that depends on nothing but its inputs."""
+
+    name: str
+    fn: Callable[[I], R]
+    codec: Codec = JSON
+
+
+@dataclass(frozen=True)
+class Task(Generic[I, R]):
+    """One application of a stage to inputs, saved at ``path`` (relative to the runner's folder)."""
+
+    stage: Stage[I, R]
+    inputs: I
+    path: str
+
+    @property
+    def key(self) -> str:
+        return digest(self.inputs)
+
+
+def content(value) -> Any:
+    """A JSON-able stand-in for ``value``'s content (see the module docstring)."""
+    if hasattr(value, "content_digest"):
+        return {"digest": value.content_digest()}
+    if is_dataclass(value) and not isinstance(value, type):
+        return {
+            "type": type(value).__name__,
+            **{f.name: content(getattr(value, f.name)) for f in fields(value) if f.metadata.get("digest", True)},
+        }
+    if isinstance(value, pd.DataFrame):
+        return {"table": hashlib.sha256(pd.util.hash_pandas_object(value, index=True).values.tobytes()).hexdigest()}
+    if isinstance(value, dict):
+        return {str(k): content(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [content(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot digest a {type(value).__name__}: give it a content_digest() method or mark it DERIVED")
+
+
+def digest(value) -> str:
+    """A short SHA-256 of ``value``'s content."""
+    return hashlib.sha256(json.dumps(content(value), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# the runner -----------------------------------------------------------------------------------
+class Runner:
+    """Runs stages into ``folder``: reloads what is saved, computes what is missing, refuses what
+    was made from other inputs (see the module docstring). ``progress``: the serial executor's
+    progress bars."""
+
+    def __init__(self, folder: str | Path, progress: bool | None = None):
+        self.folder = Path(folder)
+        self.progress = progress
+
+    # one folder, one experiment -----------------------------------------------------------------
+    def claim(
+        self,
+        name: str,
+        meta: dict,
+        differences: Callable[[dict, dict], list[str]],
+        what: str,
+        refusal: str = REFUSAL,
+    ) -> None:
+        """Record ``meta`` (what the folder holds) as ``name``, or refuse a folder whose record
+        differs: ``differences(old, new)`` says how, ``what`` names the experiment; ``refusal``
+        is the error's text (``{folder}``, ``{what}``, ``{differences}``)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / name
+        if path.exists():
+            diffs = differences(json.loads(path.read_text()), meta)
+            if diffs:
+                raise ValueError(refusal.format(folder=self.folder, what=what, differences="; ".join(diffs)))
+        else:
+            write_json(meta, path)
+
+    # tasks ---------------------------------------------------------------------------------------
+    def done(self, task: Task) -> bool:
+        """Whether ``task``'s result is saved (from these inputs: another key is refused)."""
+        path = self.folder / task.path
+        if not path.exists():
+            return False
+        key_path = self._key_path(task)
+        if key_path.exists():
+            saved = json.loads(key_path.read_text())
+            if saved["digest"] != task.key:
+                raise StageInputsChanged(
+                    f"{path} was made by stage {saved['stage']!r} from other inputs "
+                    f"({_changed(saved.get('inputs'), content(task.inputs))}); use a new output folder, "
+                    "or delete the file to recompute it"
+                )
+        else:  # a result saved before keys were kept: adopt it
+            key_path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(_key(task), key_path)
+        return True
+
+    def load(self, task: Task[Any, R]) -> R:
+        return task.stage.codec.load(self.folder / task.path)
+
+    def run(self, task: Task[Any, R]) -> R:
+        """``task``'s result: reloaded when saved, else computed, saved and returned as computed
+        (a codec may save less than the result holds: a fine-tuned model beside its record)."""
+        if not self.done(task):
+            return compute(task, self.folder)
+        return self.load(task)
+
+    def map(
+        self,
+        tasks: Sequence[Task],
+        executor: Executor | str | None = None,
+        desc: str = "jobs",
+        labels: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list:
+        """Compute every missing task on ``executor`` (at most ``limit`` new ones), then return
+        every task's result in order (None for one not computed because of ``limit``). Failed
+        tasks are reported together after the others finish (:class:`~lab.executors.JobsFailedError`)."""
+        labels = list(labels or [t.path for t in tasks])
+        todo = [i for i, t in enumerate(tasks) if not self.done(t)]
+        if limit is not None:
+            todo = todo[:limit]
+        if todo:
+            ex = executor_for(executor)
+            if isinstance(ex, SerialExecutor):
+                if ex.progress is None:
+                    ex.progress = self.progress
+            else:  # a worker receives the task: say now, not from inside the executor, if it cannot travel
+                try:
+                    pickle.dumps(tasks[todo[0]])
+                except (TypeError, AttributeError, pickle.PicklingError) as err:
+                    raise ValueError(f"{labels[todo[0]]} cannot run on the {ex.name} executor: {err}") from err
+            ex.map(
+                _compute_item,
+                [(tasks[i], self.folder) for i in todo],
+                labels=[labels[i] for i in todo],
+                desc=desc,
+            )
+        return [self.load(t) if (self.folder / t.path).exists() else None for t in tasks]
+
+    def _key_path(self, task: Task) -> Path:
+        return self.folder / ".stages" / f"{task.path}.key.json"
+
+
+def compute(task: Task[Any, R], folder: Path) -> R:
+    """Run ``task`` and save its result, then its key (in a worker or in this process)."""
+    result = task.stage.fn(task.inputs)
+    path = Path(folder) / task.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    task.stage.codec.save(result, path)
+    key_path = Path(folder) / ".stages" / f"{task.path}.key.json"
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(_key(task), key_path)
+    return result
+
+
+def _compute_item(item: tuple[Task, Path]) -> None:
+    compute(*item)  # the result stays in the worker: the runner reads it back from the folder
+
+
+def _key(task: Task) -> dict:
+    return {"stage": task.stage.name, "digest": task.key, "inputs": content(task.inputs)}
+
+
+def _changed(old, new, prefix: str = "") -> str:
+    """Where two input contents differ (first few paths)."""
+    out: list[str] = []
+
+    def walk(a, b, at):
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k), b.get(k), f"{at}.{k}" if at else k)
+        elif a != b:
+            out.append(f"{at or 'inputs'}: {_short(a)} -> {_short(b)}")
+
+    walk(old, new, prefix)
+    return "; ".join(out[:5]) + (f"; and {len(out) - 5} more" if len(out) > 5 else "") if out else "unrecorded"
+
+
+def _short(v) -> str:
+    s = json.dumps(v, default=str)
+    return s if len(s) <= 60 else s[:57] + "..."

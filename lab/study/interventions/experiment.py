@@ -1,0 +1,133 @@
+"""The interventions as one experiment: per relation, set up -> erasure arms -> steering, then
+the summary across relations (the protocol: :mod:`lab.study.interventions`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+import interp
+from interp.progress import progress_bar
+from interp.results import write_json, write_table
+from lab.stages import Task
+from probes.readability import best_layers
+
+from ..run import default_config, make_study
+from ..study import StudyConfig
+from ..validate import validate_study
+from . import arms
+from .arms import ARM, ArmInputs, arm_path, erasure_rows, relation_seed
+from .report import summarize, write_report
+from .steering import STEERING, SteeringInputs, steering_row
+
+
+@dataclass(frozen=True)
+class InterventionConfig:
+    """``method``: the fine-tuning method of every arm; ``n_random``: random-subspace erasures and
+    random steering directions per relation; ``steer_scale``: the steering vector's norm in units
+    of the median distance between class means; ``n_boot``: bootstrap resamples of each CI."""
+
+    method: str = "full"
+    n_random: int = 3
+    steer_scale: float = 1.0
+    n_boot: int = 2000
+    folds: int = 5
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Interventions:
+    """Erasure and steering on ``model`` over the relations a study of it would use (see
+    :mod:`lab.study.interventions`). ``study_config``: the study's design and fine-tuning settings
+    (default: the study's own for this model); ``relations`` (and ``labels`` for a real model): as
+    :func:`lab.study.run_study` takes them."""
+
+    def __init__(
+        self,
+        model="world",
+        relations: Sequence | None = None,
+        out: str | Path = "results/interventions",
+        config: InterventionConfig = InterventionConfig(),
+        study_config: StudyConfig | None = None,
+        backend: str = interp.DEFAULT_BACKEND,
+        progress: bool | None = None,
+        labels: dict | None = None,
+    ):
+        self.out = Path(out)
+        self.config = config
+        self.progress = progress
+        self.study, self.qualification = make_study(
+            model,
+            relations,
+            self.out,
+            study_config or default_config(model),
+            backend,
+            progress,
+            labels=labels,
+            min_relations=1,
+        )
+        self.model = self.study.model
+
+    def run(self) -> pd.DataFrame:
+        """Run (or resume) both interventions on every relation; returns the per-relation table."""
+        if self.config.method not in ("full", "lora"):
+            raise ValueError(f"unknown fine-tuning method {self.config.method!r}; use 'full' or 'lora'")
+        if self.model.n_layers < 2:
+            raise ValueError(
+                "an intervention at the subject must act before the last block (whose output at the subject "
+                "reaches no other token): the model needs at least 2 layers"
+            )
+        validate_study(self.study, min_relations=1)  # one relation can be intervened on; correlations need 3
+        runner = self.study.runner()  # the same model, relations and study configuration, or refuse
+        runner.claim("interventions_config.json", self.config.to_dict(), _differences, "interventions run")
+        if self.qualification is not None:
+            write_table(self.qualification, self.out / "qualification.csv")
+        layers = self.study.readability(runner).layers
+        best = best_layers(layers)
+        kap = layers.set_index(["relation", "layer"]).kappa
+        rows, arm_rows, steer_rows = [], [], []
+        relations = list(self.study.relations.values())
+        for r in progress_bar(relations, desc="interventions", unit="relations", progress=self.progress):
+            row, a, s = self.relation(runner, r)
+            row["readability_kappa"] = float(kap[(r.name, best[r.name])])
+            rows.append(row)
+            arm_rows += a
+            steer_rows += s
+        table = pd.DataFrame(rows)
+        summary = summarize(table, self.config, self.model.name, self.study.config.finetune.template)
+        write_table(table, self.out / "interventions.csv")
+        write_table(pd.DataFrame(arm_rows), self.out / "arms.csv")
+        write_table(pd.DataFrame(steer_rows), self.out / "steering.csv")
+        write_json(summary, self.out / "interventions.json")
+        write_report(self.out)
+        return table
+
+    def relation(self, runner, r) -> tuple[dict, list[dict], list[dict]]:
+        """One relation: its setup, every erasure arm and the steering (each a saved stage task);
+        its row, arm rows and steering rows."""
+        c, sc, labels = self.config, self.study.config, self.study.labels
+        seed = relation_seed(c.seed, r.name)
+        s = arms.setup(self.model, r, labels, sc, c)
+        records, tuned_none = {}, None
+        for arm in ["none", *s.erasers]:
+            inputs = ArmInputs(self.model, r, labels, sc, c, arm, s.layer, s)
+            result = runner.run(Task(ARM, inputs, arm_path(r.name, arm)))
+            records[arm] = result.record
+            if arm == "none":
+                tuned_none = result.tuned  # None when reloaded: steering fine-tunes it again
+        row, arm_rows = erasure_rows(s, records, c.n_boot, seed)
+        predicted = tuple(records["none"]["predicted"])
+        none_path = str(self.out / arm_path(r.name, "none"))
+        inputs = SteeringInputs(self.model, r, labels, sc, c, s.layer, predicted, seed, none_path, s, tuned_none)
+        steer_rows = runner.run(Task(STEERING, inputs, f"runs/{r.name}__steering.json"))
+        row.update(steering_row(steer_rows, c.n_boot, seed))
+        return row, arm_rows, steer_rows
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]

@@ -1,0 +1,208 @@
+"""The interventions' results across relations, their figures and their page.
+
+- :func:`summarize`: means over relations; the excess drop, its shuffled-control twin and the
+  steering excess each with a bootstrap CI over relations and a sign-flip p
+  (:func:`across_relations`, :mod:`interp.resampling`); whether they grow with readability
+  (Pearson r, :mod:`lab.study.stats`);
+- :func:`figures`, :func:`write_report`, :func:`section`: built from the saved tables alone.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from interp.plots import PALETTE, export, style
+from interp.resampling import bootstrap_indices, percentile_interval, resampled_means, sign_flip_p
+from interp.results import write_text
+
+from ..stats import pearson
+
+
+def across_relations(values: Sequence[float], n_boot: int, seed: int) -> dict:
+    """Mean over relations with a bootstrap CI over relations and a two-sided sign-flip p-value
+    (relations are the independent units: each value carries its fine-tune's own noise)."""
+    v = np.asarray([x for x in values if np.isfinite(x)], float)
+    if len(v) < 2:
+        return {"mean": float(v.mean()) if len(v) else float("nan"), "n": len(v)}
+    rng = np.random.default_rng(seed)
+    boot = resampled_means(v, bootstrap_indices(rng, len(v), n_boot))
+    signs = rng.choice([-1.0, 1.0], (n_boot, len(v)))
+    return {
+        "mean": float(v.mean()),
+        "ci": list(percentile_interval(boot)),
+        "p_sign_flip": sign_flip_p(v, signs),
+        "n": len(v),
+    }
+
+
+def summarize(table: pd.DataFrame, config, model: str, template: str) -> dict:
+    """Across relations: means with CIs over relations, and whether the excess drop and the
+    steering excess grow with readability."""
+
+    def corr(y: str) -> dict:
+        t = table[["readability_kappa", y]].dropna()
+        if len(t) < 3:
+            return {"r": float("nan"), "n": len(t)}
+        out = pearson(t.readability_kappa, t[y], config.n_boot, config.n_boot, config.seed)
+        return {"r": out["r"], "ci": [out["ci_low"], out["ci_high"]], "p_value": out["p_value"], "n": out["n"]}
+
+    means = (
+        "probe_before_kappa",
+        "probe_after_kappa",
+        "probe_after_tuned_kappa",
+        "transfer_before_kappa",
+        "transfer_after_kappa",
+        "moved_leace",
+        "moved_shuffled",
+        "moved_random",
+        "generalization_none",
+        "generalization_leace",
+        "generalization_shuffled",
+        "generalization_random",
+        "excess_drop",
+        "excess_drop_shuffled",
+        "switch_rate",
+        "switch_rate_random",
+        "changed_rate",
+        "changed_rate_random",
+        "switch_excess",
+    )
+    return {
+        "model": model,
+        "template": template,
+        "n_relations": int(len(table)),
+        "config": config.to_dict(),
+        "mean": {c: float(table[c].mean()) for c in means},
+        "excess_drop": across_relations(table.excess_drop, config.n_boot, config.seed),
+        "excess_drop_shuffled": across_relations(table.excess_drop_shuffled, config.n_boot, config.seed),
+        "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
+        "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
+        "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
+        "excess_drop_vs_readability": corr("excess_drop"),
+        "switch_excess_vs_readability": corr("switch_excess"),
+    }
+
+
+# figures and report ----------------------------------------------------------------------------
+def figures(out: Path) -> dict[str, go.Figure]:
+    t = pd.read_csv(out / "interventions.csv").sort_values("readability_kappa")
+    s = json.loads((out / "interventions.json").read_text())
+    bars = go.Figure()
+    for (col, name), color in zip(
+        [
+            ("generalization_none", "no erasure"),
+            ("generalization_random", "random subspace"),
+            ("generalization_shuffled", "shuffled answers (LEACE)"),
+            ("generalization_leace", "answer erased (LEACE)"),
+        ],
+        PALETTE,
+    ):
+        bars.add_bar(x=t.relation, y=t[col], name=name, marker_color=color)
+    bars.update_layout(
+        title="Held-out generalization under erasure (kappa)",
+        barmode="group",
+        yaxis_title="kappa (0 = chance)",
+        xaxis_tickangle=-45,
+    )
+    figs = {"erasure": style(bars, "two-column")}
+    for y, name in (
+        ("excess_drop", "excess drop (random - LEACE)"),
+        ("switch_excess", "switch rate excess over random"),
+    ):
+        c = s[f"{y}_vs_readability"]
+        sub = (
+            f"<br><sup>Pearson r = {c['r']:.2f} "
+            f"[{c.get('ci', [np.nan] * 2)[0]:.2f}, {c.get('ci', [np.nan] * 2)[1]:.2f}], "
+            f"permutation p = {c.get('p_value', np.nan):.2g}, n = {c['n']}</sup>"
+        )
+        err = dict(type="data", symmetric=False, array=t[f"{y}_ci_high"] - t[y], arrayminus=t[y] - t[f"{y}_ci_low"])
+        fig = go.Figure(
+            go.Scatter(
+                x=t.readability_kappa,
+                y=t[y],
+                mode="markers+text",
+                text=t.relation,
+                error_y=err,
+                textposition="top center",
+                textfont=dict(size=11),
+                marker=dict(size=10, color=PALETTE[0]),
+            )
+        )
+        fig.add_hline(y=0, line_dash="dot", line_color="#888")
+        fig.update_layout(
+            title=f"{name} vs readability{sub}",
+            xaxis_title="probe kappa of the original answer (best layer)",
+            yaxis_title=name,
+        )
+        figs[y] = style(fig, "two-column")
+    return figs
+
+
+def write_report(out: str | Path) -> Path:
+    """Figures (HTML, and PNG/SVG/PDF where kaleido can) and ``interventions.html`` from the saved tables."""
+    out = Path(out)
+    figs = figures(out)
+    for name, fig in figs.items():
+        export(fig, out / "figures" / f"interventions_{name}")
+    s = json.loads((out / "interventions.json").read_text())
+    t = pd.read_csv(out / "interventions.csv")
+    parts = "".join(
+        f"<section>{fig.to_html(full_html=False, include_plotlyjs=i == 0)}</section>"
+        for i, fig in enumerate(figs.values())
+    )
+    page = (
+        f"""<!doctype html><html><head><meta charset="utf-8"><title>Interventions: {html.escape(s["model"])}</title>
+<style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em}}"""
+        f"""table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}</style></head><body>
+<h1>Is the readable direction what the fine-tune uses?</h1>
+<p>{html.escape(section(out))}</p>
+{parts}<section><h2>Relations</h2>{t.to_html(index=False, float_format=lambda v: f"{v:.3f}")}</section></body></html>"""
+    )
+    path = out / "interventions.html"
+    write_text(page, path)
+    return path
+
+
+def section(out: str | Path) -> str:
+    """The findings in one paragraph, from the saved tables."""
+    s = json.loads((Path(out) / "interventions.json").read_text())
+    m, e, w = s["mean"], s["excess_drop_vs_readability"], s["switch_excess_vs_readability"]
+    nan2 = [np.nan] * 2
+    ci = lambda c: f"[{c.get('ci', nan2)[0]:.3f}, {c.get('ci', nan2)[1]:.3f}]"  # noqa: E731
+    ed, es, sw = s["excess_drop"], s["excess_drop_shuffled"], s["switch_excess"]
+    return (
+        f"{s['model']}, {s['n_relations']} relations ({s['config']['method']} fine-tuning, "
+        f"{s['config']['n_random']} random "
+        f"draws per control). Erasing the original answer (LEACE at the most readable layer before the last, at the "
+        "subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa "
+        f"{m['probe_before_kappa']:.3f} "
+        f"to {m['probe_after_kappa']:.3f} on those subjects ({m['transfer_after_kappa']:.3f} transferred to held-out "
+        f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} "
+        "in the fine-tuned model, whose "
+        f"earlier blocks moved); it moves the states by {m['moved_leace']:.4f} of their variance, LEACE of shuffled "
+        f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. "
+        "Held-out "
+        f"generalization kappa: {m['generalization_none']:.3f} without erasure, "
+        f"{m['generalization_random']:.3f} with a random "
+        f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, "
+        f"{m['generalization_leace']:.3f} "
+        f"with the answer erased. Excess drop over the random control, mean over relations {ed['mean']:.3f} "
+        f"(95% CI {ci(ed)}, sign-flip p = {ed.get('p_sign_flip', np.nan):.2g}; its per-relation CI excludes 0 in "
+        f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
+        f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
+        f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. "
+        "Steering held-out subjects from answer "
+        f"a toward b along the pretrained class-mean direction switches the fine-tuned model's label to label(b) in "
+        f"{m['switch_rate']:.3f} of cases against {m['switch_rate_random']:.3f} for random directions of the same norm "
+        f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); "
+        f"excess {sw['mean']:.3f} (CI {ci(sw)}, "
+        f"sign-flip p = {sw.get('p_sign_flip', np.nan):.2g}); vs readability r = {w['r']:.2f} {ci(w)}."
+    )

@@ -1,0 +1,67 @@
+"""Pretrained world models as a stage: the checkpoint an experiment needs, trained once.
+
+The causal test and the ablation each need world models pretrained on given worlds with given
+recipes. :data:`WORLD` is that step: its inputs are the world's spec and the training recipe,
+its result the checkpoint folder (``model.safetensors`` and the rest, written by
+:func:`lab.world.train_world_model`). A world whose spec and recipe equal a shipped checkpoint's
+is copied from it instead of pretrained (:func:`shipped_checkpoint`), unless ``retrain``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lab.stages import DERIVED, WHERE, Codec, Stage, Task
+from lab.world import TrainConfig, WorldSpec, train_world_model
+from lab.world.checkpoint import shipped_world_checkpoints
+
+
+def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Path | None:
+    """The shipped checkpoint trained on exactly this world with exactly this recipe, if any."""
+    for root in shipped_world_checkpoints():
+        same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec
+        if same_spec and json.loads((root / "train_config.json").read_text()) == asdict(train):
+            return root
+    return None
+
+
+@dataclass(frozen=True)
+class WorldInputs:
+    spec: WorldSpec
+    train: TrainConfig
+    folder: Path = field(metadata=WHERE)
+    retrain: bool = field(default=False, metadata=WHERE)
+    progress: bool | None = field(default=None, metadata=DERIVED)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A world model's folder; ``minutes``: how long pretraining took in this run (None when it
+    was copied, or trained in an earlier run)."""
+
+    folder: Path
+    minutes: float | None = None
+    shipped: bool = False
+
+
+def pretrain(inputs: WorldInputs) -> Checkpoint:
+    shipped = None if inputs.retrain else shipped_checkpoint(inputs.spec, inputs.train)
+    if shipped is not None:  # a shipped model is this world with this recipe: reuse it
+        shutil.copytree(shipped, inputs.folder, dirs_exist_ok=True)
+        return Checkpoint(inputs.folder, shipped=True)
+    start = time.time()
+    train_world_model(inputs.spec, inputs.folder, inputs.train, progress=inputs.progress)
+    return Checkpoint(inputs.folder, (time.time() - start) / 60)
+
+
+#: the checkpoint is written by the step itself; its ``model.safetensors`` marks it done
+WORLD = Stage("pretrain world", pretrain, Codec(lambda result, path: None, lambda path: Checkpoint(path.parent)))
+
+
+def world_task(out: Path, name: str, spec: WorldSpec, train: TrainConfig, **kw) -> Task:
+    """Pretraining (or copying) the world of ``spec`` into ``out / name``."""
+    return Task(WORLD, WorldInputs(spec, train, Path(out) / name, **kw), f"{name}/model.safetensors")

@@ -1,0 +1,172 @@
+"""The stage runner (lab.stages): results keyed by their inputs' content, reloaded instead of
+recomputed, refused when made from other inputs, written atomically, run serially or on an
+executor through one code path."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pytest
+
+from lab.executors import Executor, SerialExecutor
+from lab.stages import DERIVED, JSON, Codec, Runner, Stage, StageInputsChanged, Task, digest, parquet_codec
+
+CALLS: list[int] = []
+
+
+@dataclass(frozen=True)
+class Square:
+    x: int
+    scale: float = 1.0
+    note: str = field(default="", metadata=DERIVED)
+
+
+def square(inputs: Square) -> dict:
+    CALLS.append(inputs.x)
+    return {"x": inputs.x, "y": inputs.x**2 * inputs.scale}
+
+
+SQUARE = Stage("square", square)
+
+
+def _tasks(xs, scale=1.0):
+    return [Task(SQUARE, Square(x, scale), f"runs/{x}.json") for x in xs]
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    CALLS.clear()
+
+
+def test_the_digest_covers_the_inputs_content_but_not_derived_fields():
+    assert digest(Square(2)) == digest(Square(2, note="anything"))
+    assert digest(Square(2)) != digest(Square(3)) != digest(Square(2, 2.0))
+    df = pd.DataFrame({"a": [1, 2]})
+    assert digest({"t": df}) == digest({"t": df.copy()}) != digest({"t": df.assign(a=[1, 3])})
+    with pytest.raises(TypeError, match="content_digest"):
+        digest(object())
+
+
+def test_a_result_is_computed_once_then_reloaded(tmp_path):
+    runner = Runner(tmp_path)
+    task = Task(SQUARE, Square(3), "runs/3.json")
+    assert runner.run(task) == {"x": 3, "y": 9.0}
+    assert runner.run(task) == {"x": 3, "y": 9.0} and CALLS == [3]
+    key = json.loads((tmp_path / ".stages" / "runs" / "3.json.key.json").read_text())
+    assert key["stage"] == "square" and key["digest"] == task.key and key["inputs"]["x"] == 3
+
+
+def test_a_result_made_from_other_inputs_is_refused_with_what_changed(tmp_path):
+    runner = Runner(tmp_path)
+    runner.run(Task(SQUARE, Square(3), "runs/3.json"))
+    with pytest.raises(StageInputsChanged, match=r"scale: 1.0 -> 2.0.*new output folder"):
+        runner.run(Task(SQUARE, Square(3, 2.0), "runs/3.json"))
+    assert CALLS == [3]
+
+
+def test_resume_computes_only_what_is_missing(tmp_path):
+    runner = Runner(tmp_path)
+    assert runner.map(_tasks(range(5)), limit=2) == [{"x": 0, "y": 0.0}, {"x": 1, "y": 1.0}, None, None, None]
+    assert CALLS == [0, 1]
+    first = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs").iterdir()}
+    results = runner.map(_tasks(range(5)))
+    assert [r["y"] for r in results] == [0, 1, 4, 9, 16] and CALLS == [0, 1, 2, 3, 4]
+    assert all((tmp_path / "runs" / n).stat().st_mtime_ns == t for n, t in first.items())  # not rewritten
+    # one job deleted: only it is redone
+    (tmp_path / "runs" / "3.json").unlink()
+    CALLS.clear()
+    assert runner.map(_tasks(range(5))) == results and CALLS == [3]
+
+
+def test_a_failed_write_leaves_neither_result_nor_key(tmp_path):
+    def save(result, path):
+        raise OSError("disk full")
+
+    broken = Stage("square", square, Codec(save, JSON.load))
+    runner = Runner(tmp_path)
+    with pytest.raises(OSError, match="disk full"):
+        runner.run(Task(broken, Square(2), "runs/2.json"))
+    assert not (tmp_path / "runs" / "2.json").exists() and not list(tmp_path.rglob("*.key.json"))
+    assert runner.run(Task(SQUARE, Square(2), "runs/2.json"))["y"] == 4.0  # recomputed, then saved
+
+
+def test_a_result_saved_without_a_key_is_adopted(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "4.json").write_text(json.dumps({"x": 4, "y": 16.0}))
+    runner = Runner(tmp_path)
+    assert runner.run(Task(SQUARE, Square(4), "runs/4.json")) == {"x": 4, "y": 16.0} and CALLS == []
+    assert (tmp_path / ".stages" / "runs" / "4.json.key.json").exists()
+
+
+def test_failures_are_collected_and_the_others_saved(tmp_path):
+    from lab.executors import JobsFailedError
+
+    def fails_on_two(inputs: Square) -> dict:
+        if inputs.x == 2:
+            raise RuntimeError("boom")
+        return square(inputs)
+
+    stage = Stage("square", fails_on_two)
+    tasks = [Task(stage, Square(x), f"runs/{x}.json") for x in range(4)]
+    with pytest.raises(JobsFailedError, match="runs/2.json"):
+        Runner(tmp_path).map(tasks, executor=SerialExecutor())
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["0.json", "1.json", "3.json"]
+
+
+class _Elsewhere(Executor):
+    """An executor that runs its jobs in 'another process': it pickles every item first."""
+
+    name = "elsewhere"
+
+    def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
+        return [pickle.loads(pickle.dumps(fn))(pickle.loads(pickle.dumps(item))) for item in items]
+
+
+def test_every_executor_runs_the_same_code_path(tmp_path):
+    serial = Runner(tmp_path / "a").map(_tasks(range(3)), executor="serial")
+    elsewhere = Runner(tmp_path / "b").map(_tasks(range(3)), executor=_Elsewhere())
+    assert serial == elsewhere
+    assert (tmp_path / "b" / ".stages" / "runs" / "2.json.key.json").exists()
+
+
+def test_inputs_that_cannot_travel_are_refused_before_any_work(tmp_path):
+    local = Stage("local", lambda inputs: {"x": inputs.x})  # a lambda: no worker can import it
+    with pytest.raises(ValueError, match="cannot run on the elsewhere executor"):
+        Runner(tmp_path).map([Task(local, Square(1), "runs/1.json")], executor=_Elsewhere())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_folder_claimed_by_another_experiment_is_refused(tmp_path):
+    def differences(old, new):
+        return [f"{k} {old[k]} -> {new[k]}" for k in new if old.get(k) != new[k]]
+
+    runner = Runner(tmp_path)
+    runner.claim("experiment.json", {"lr": 1}, differences, "experiment")
+    runner.claim("experiment.json", {"lr": 1}, differences, "experiment")  # the same one resumes
+    with pytest.raises(ValueError, match=r"holds a different experiment \(lr 1 -> 2\); use a new output folder"):
+        runner.claim("experiment.json", {"lr": 2}, differences, "experiment")
+
+
+def test_parquet_keeps_lists_and_exact_floats(tmp_path):
+    df = pd.DataFrame({"subject": ["a", "b"], "top": [["x", "y"], None], "v": [0.1 + 0.2, 1 / 3]})
+    codec = parquet_codec()
+    codec.save(df, tmp_path / "t.parquet")
+    back = codec.load(tmp_path / "t.parquet")
+    assert back.top.tolist() == [["x", "y"], None] and back.v.tolist() == df.v.tolist()
+
+
+def test_a_model_travels_by_reference_and_an_in_memory_one_is_refused(model_dirs):
+    from tiny_models import build
+
+    import interp
+
+    model = interp.load_model(model_dirs["gpt2"], backend="nnsight")
+    again = pickle.loads(pickle.dumps(model))
+    assert again.fingerprint() == model.fingerprint() and again.source == model.source
+    assert pickle.loads(pickle.dumps(model)) is again  # loaded once per process
+    hf, tokenizer = build("gpt2")
+    with pytest.raises(TypeError, match="cannot be sent to a worker process"):
+        pickle.dumps(interp.load_model(hf, tokenizer=tokenizer))
