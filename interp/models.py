@@ -166,8 +166,7 @@ class Model:
         """``inputs`` (any kind :func:`~interp.prompts.as_prompts` takes, or a Batch) as a padded
         batch on the model's device."""
         batch = inputs if isinstance(inputs, Batch) else self.batch(self.encode(inputs), padding_side)
-        dev = self.device
-        return Batch(batch.input_ids.to(dev), batch.attention_mask.to(dev), batch.position_ids.to(dev), batch.shift)
+        return batch.to(self.device)
 
     def batch(self, encoded: Sequence[Encoded], padding_side: str | None = None) -> Batch:
         side = padding_side or getattr(self.tokenizer, "padding_side", None) or "right"
@@ -260,21 +259,8 @@ class Model:
     @torch.no_grad()
     def token_logprobs(self, text: str) -> Float[torch.Tensor, " n_tokens_minus_1"]:
         """``log p(token_i | tokens before it)`` for every token of ``text`` after its first
-        (causal LMs only)."""
-        if self.scoring.kind != "continuation":
-            raise TypeError(
-                f"token log-probabilities need a causal LM; {self.name} is a {self.model_type} encoder "
-                "(use model.scoring.frequency for a frequency proxy)"
-            )
-        ids = self.tokenizer(text)["input_ids"]
-        if len(ids) < 2:
-            return torch.zeros(0)
-        logits = self.forward(pad([Encoded(ids, [])], self.pad_token_id))[0].float()
-        return (
-            torch.log_softmax(logits[:-1], -1)
-            .gather(1, torch.tensor(ids[1:], device=logits.device)[:, None])[:, 0]
-            .cpu()
-        )
+        (causal LMs only; :meth:`interp.scoring.Scoring.token_logprobs`)."""
+        return self.scoring.token_logprobs(text)
 
     def trainable_copy(self, lora: LoraSpec | None = None, freeze_embeddings: bool = False) -> Model:
         """A handle on a deep copy of the weights that trains: in full (embedding tables frozen if

@@ -44,16 +44,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from jaxtyping import Float, Int
 
+from .handle import LanguageModel
 from .tokens import Batch, Encoded, pad
 from .trainable import lm_loss
-
-if TYPE_CHECKING:  # the handle calls this module; the type is only named here
-    from .models import Model
 
 Tensor = torch.Tensor
 
@@ -88,7 +85,7 @@ class Scoring(ABC):
     #: what :meth:`frequency` measures, for reports
     frequency_source: str
 
-    def __init__(self, model: Model):
+    def __init__(self, model: LanguageModel):
         self.model = model
 
     @property
@@ -119,8 +116,16 @@ class Scoring(ABC):
     def frequency(self, text: str) -> float:
         """A proxy of how frequent ``text`` is in the model's training data (higher: more frequent)."""
 
+    def token_logprobs(self, text: str) -> Float[Tensor, " n_tokens_minus_1"]:
+        """``log p(token_i | tokens before it)`` for every token of ``text`` after its first
+        (causal LMs only)."""
+        raise TypeError(
+            f"token log-probabilities need a causal LM; {self.model.name} is a {self.model.model_type} encoder "
+            "(use model.scoring.frequency for a frequency proxy)"
+        )
 
-def scoring_for(model: Model) -> Scoring:
+
+def scoring_for(model: LanguageModel) -> Scoring:
     """The objective for ``model``: masked slot for encoders, continuation otherwise."""
     return MaskedSlot(model) if model.model_type in ENCODER_TYPES else Continuation(model)
 
@@ -178,8 +183,19 @@ class Continuation(Scoring):
 
     @torch.no_grad()
     def frequency(self, text):
-        lp = self.model.token_logprobs(text)
+        lp = self.token_logprobs(text)
         return float(lp.mean()) if len(lp) else 0.0
+
+    def token_logprobs(self, text):
+        ids = self.model.tokenizer(text)["input_ids"]
+        if len(ids) < 2:
+            return torch.zeros(0)
+        logits = self.model.forward(pad([Encoded(ids, [])], self.model.pad_token_id))[0].float()
+        return (
+            torch.log_softmax(logits[:-1], -1)
+            .gather(1, torch.tensor(ids[1:], device=logits.device)[:, None])[:, 0]
+            .cpu()
+        )
 
 
 def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[str]) -> list[list[list[int]]]:
@@ -200,7 +216,7 @@ def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[
 
 
 def candidate_logprobs(
-    model: Model, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
+    model: LanguageModel, prompts: Sequence[str], candidates: Sequence[str], batch_size: int = 128
 ) -> Float[Tensor, "prompt candidate"]:
     """``model.scoring.logprobs(...)``: each candidate's log-probability after each prompt."""
     return model.scoring.logprobs(prompts, candidates, batch_size)
@@ -213,7 +229,7 @@ class MaskedSlot(Scoring):
         "proxy: minus word pieces per word of the subject (tokenizer vocabularies keep frequent strings whole)"
     )
 
-    def __init__(self, model: Model):
+    def __init__(self, model: LanguageModel):
         super().__init__(model)
         tok = model.tokenizer
         if tok is None or tok.mask_token_id is None:
@@ -294,7 +310,7 @@ class MaskedSlot(Scoring):
         return -len(self.model.tokenizer(text, add_special_tokens=False)["input_ids"]) / max(1, len(words))
 
     def _on_device(self, batch: Batch) -> Batch:
-        return self.model._on_device(batch, None)
+        return batch.to(self.model.device)
 
 
 # helpers -----------------------------------------------------------------------------------------

@@ -130,6 +130,11 @@ class Batch:
     position_ids: torch.Tensor  # [batch, pos]
     shift: torch.Tensor  # [batch]: padded index = token index + shift
 
+    def to(self, device) -> Batch:
+        """The batch on ``device`` (``shift`` stays where it is)."""
+        ids, mask, pos = (t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids))
+        return Batch(ids, mask, pos, self.shift)
+
 
 def pad(encoded: Sequence[Encoded], pad_id: int, side: str = "right") -> Batch:
     if side not in ("left", "right"):

@@ -5,6 +5,8 @@ category), each carrying its own seed and writing its own result file atomically
 finishes. An executor only decides *where* they run:
 
 - :class:`SerialExecutor` (the default): one after another in this process;
+- :class:`ProcessExecutor`: in ``workers`` local processes (spawned), one torch thread each by
+  default;
 - :class:`RayExecutor`: as Ray tasks on a Ray cluster (``ray.init()`` locally, or
   ``address="auto"`` / ``"ray://head:10001"`` for an existing cluster), one GPU per task when the
   cluster has GPUs. Install with ``pip install -e ".[ray]"``.
@@ -151,25 +153,15 @@ class RayExecutor(Executor):
         task = ray.remote(_call_with_threads).options(**options)
         threads = self.threads or max(1, int(self.num_cpus))
         refs = {task.remote(fn, item, threads, self.before, labels[i]): i for i, item in enumerate(items)}
-        pending = list(refs)
-        results, failures = [None] * len(items), {}
         bar = progress_bar(total=len(items), desc=f"{desc} (ray)", unit="jobs", progress=self.progress)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                i = refs[ref]
-                try:
-                    results[i] = ray.get(ref)
-                except Exception as err:  # a failed task, or a worker that died past its retries
-                    failures[i] = err
-                else:
-                    if on_result:
-                        on_result(i, results[i])
-                bar.update(1)
-        bar.close()
-        if failures:
-            raise JobsFailedError(failures, labels)
-        return results
+
+        def finished():
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                yield from ((refs[ref], ref) for ref in done)
+
+        return _gather(finished(), len(items), ray.get, on_result, labels, bar)
 
 
 def _call_with_threads(fn, item, threads: int | None, before=None, label: str = ""):
@@ -184,6 +176,61 @@ def _call_with_threads(fn, item, threads: int | None, before=None, label: str = 
         return fn(item)
     finally:
         torch.set_num_threads(was)
+
+
+class ProcessExecutor(Executor):
+    """Run jobs in ``workers`` local processes (``spawn``: a fresh interpreter each, nothing
+    inherited), ``threads`` torch threads each (default 1: small models are bound by per-operation
+    overhead, which threads do not share out). Jobs and their function must be picklable."""
+
+    name = "process"
+
+    def __init__(
+        self,
+        workers: int = 2,
+        threads: int | None = 1,
+        progress: bool | None = None,
+        before: Callable[[str], None] | None = None,
+    ):
+        self.workers, self.threads, self.progress, self.before = workers, threads, progress, before
+
+    def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        labels = list(labels or map(str, range(len(items))))
+        with ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn")) as pool:
+            futures = {
+                pool.submit(_call_with_threads, fn, item, self.threads, self.before, labels[i]): i
+                for i, item in enumerate(items)
+            }
+            bar = progress_bar(total=len(items), desc=f"{desc} (processes)", unit="jobs", progress=self.progress)
+            finished = ((futures[f], f) for f in as_completed(futures))
+            return _gather(finished, len(items), _future_result, on_result, labels, bar)
+
+
+def _future_result(future):
+    return future.result()
+
+
+def _gather(finished, n: int, get, on_result, labels, bar) -> list:
+    """The results of ``n`` jobs from ``finished`` (``(index, handle)`` in the order they finish),
+    ``get(handle)`` each; a failed job (or a worker that died past its retries) is collected and
+    all failures are raised together after every other job has finished."""
+    results, failures = [None] * n, {}
+    for i, handle in finished:
+        try:
+            results[i] = get(handle)
+        except Exception as err:
+            failures[i] = err
+        else:
+            if on_result:
+                on_result(i, results[i])
+        bar.update(1)
+    bar.close()
+    if failures:
+        raise JobsFailedError(failures, labels)
+    return results
 
 
 def executor_for(spec) -> Executor:

@@ -36,13 +36,14 @@ import json
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pandas as pd
 
-from interp.results import write_json, write_table
+from interp.results import atomic_path, write_json, write_table
 
 from .executors import Executor, SerialExecutor, executor_for
 
@@ -82,26 +83,35 @@ JSON = Codec(write_json, _read_json)
 
 def table_codec(**read_csv) -> Codec:
     """A DataFrame saved as CSV and read back with ``pd.read_csv(**read_csv)``."""
-    return Codec(write_table, lambda path: pd.read_csv(path, **read_csv))
+    return Codec(write_table, partial(_read_csv, **read_csv))
 
 
 def parquet_codec() -> Codec:
     """A DataFrame saved as parquet (list-valued columns stay lists, floats exact)."""
+    return Codec(_save_parquet, _load_parquet)
 
-    def save(df: pd.DataFrame, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
+
+# codecs travel to workers with their stage: module-level functions, so that pickle finds them
+def _read_csv(path: Path, **read_csv) -> pd.DataFrame:
+    return pd.read_csv(path, **read_csv)
+
+
+def _save_parquet(df: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
-        tmp.replace(path)
 
-    def load(path: Path) -> pd.DataFrame:
-        df = pd.read_parquet(path)
-        for c in df.columns:  # parquet reads lists back as numpy arrays
-            if df[c].dtype == object and len(df) and isinstance(df[c].iloc[0], np.ndarray):
-                df[c] = df[c].map(lambda v: None if v is None else v.tolist())
-        return df
 
-    return Codec(save, load)
+def _load_parquet(path: Path) -> pd.DataFrame:
+    df = pd.read_parquet(path)
+    for c in df.columns:  # parquet reads lists back as numpy arrays
+        if df[c].dtype == object and any(isinstance(v, np.ndarray) for v in df[c]):
+            df[c] = df[c].map(_as_list)
+    return df
+
+
+def _as_list(v):
+    return v.tolist() if isinstance(v, np.ndarray) else v
 
 
 # stages and tasks -----------------------------------------------------------------------------

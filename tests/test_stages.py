@@ -151,11 +151,12 @@ def test_a_folder_claimed_by_another_experiment_is_refused(tmp_path):
 
 
 def test_parquet_keeps_lists_and_exact_floats(tmp_path):
-    df = pd.DataFrame({"subject": ["a", "b"], "top": [["x", "y"], None], "v": [0.1 + 0.2, 1 / 3]})
+    df = pd.DataFrame({"subject": ["a", "b", "c"], "top": [None, ["x", "y"], []], "v": [0.1 + 0.2, 1 / 3, 2.0]})
     codec = parquet_codec()
     codec.save(df, tmp_path / "t.parquet")
     back = codec.load(tmp_path / "t.parquet")
-    assert back.top.tolist() == [["x", "y"], None] and back.v.tolist() == df.v.tolist()
+    assert back.top.tolist() == [None, ["x", "y"], []] and back.v.tolist() == df.v.tolist()
+    assert pickle.loads(pickle.dumps(codec)).load(tmp_path / "t.parquet").equals(back)  # travels to workers
 
 
 def test_a_model_travels_by_reference_and_an_in_memory_one_is_refused(model_dirs):

@@ -20,7 +20,6 @@ minute there (documented in README with what it measured).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -31,6 +30,8 @@ from torch import nn
 from interp.results import write_json, write_table
 from interp.training import TrainingLoop, seed_torch
 from jacobians.regularizer import GrokAlignRegularizer
+from lab.executors import ProcessExecutor, SerialExecutor
+from lab.stages import JSON, Codec, Runner, Stage, Task
 
 
 @dataclass(frozen=True)
@@ -156,14 +157,32 @@ def train_modular(config: ModularConfig, progress: bool | None = None) -> tuple[
     return log, summary
 
 
-def _run_one(args) -> dict:
-    cfg, condition, stem = args
-    log, summary = train_modular(cfg, progress=False)
-    summary = {"condition": condition, **summary, "config": asdict(cfg)}
+@dataclass(frozen=True)
+class GrokRun:
+    """One training run as a stage's inputs (:mod:`lab.stages`)."""
 
-    write_table(log.assign(condition=condition, seed=cfg.seed), Path(stem).with_suffix(".csv"))
-    write_json(summary, Path(stem).with_suffix(".json"))
-    return summary
+    config: ModularConfig
+    condition: str
+
+
+def run_grokking(inputs: GrokRun) -> tuple[pd.DataFrame, dict]:
+    log, summary = train_modular(inputs.config, progress=False)
+    summary = {"condition": inputs.condition, **summary, "config": asdict(inputs.config)}
+    return log.assign(condition=inputs.condition, seed=inputs.config.seed), summary
+
+
+def _save_run(result: tuple[pd.DataFrame, dict], path: Path) -> None:
+    log, summary = result
+    write_table(log, path.with_suffix(".csv"))
+    write_json(summary, path)  # last: its presence marks the run done
+
+
+def _load_run(path: Path) -> tuple[None, dict]:
+    return None, JSON.load(path)
+
+
+#: one run, saved as ``runs/<condition>_seed<k>.json`` (its summary) and ``.csv`` (its log)
+GROKKING = Stage("grokking run", run_grokking, Codec(_save_run, _load_run))
 
 
 def grokking_experiment(
@@ -175,37 +194,23 @@ def grokking_experiment(
     progress: bool | None = None,
 ) -> pd.DataFrame:
     """Weight decay alone vs weight decay + GrokAlign over ``seeds``; each run saved as it finishes
-    (``runs/<condition>_seed<k>.json`` + ``.csv``) and skipped when rerun. ``workers > 1`` runs that
-    many trainings at once in separate processes (one torch thread each: these small models are
-    bound by per-operation overhead, which threads do not share out). Returns the summary table."""
+    (``runs/<condition>_seed<k>.json`` + ``.csv``) and reloaded when rerun (a run saved with another
+    configuration is refused). ``workers > 1`` runs that many trainings at once in separate
+    processes (:class:`lab.executors.ProcessExecutor`, one torch thread each: these small models
+    are bound by per-operation overhead, which threads do not share out). Returns the summary table."""
     out = Path(out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
     if workers > 1:
         config = replace(config, threads=1)
-    done, todo = [], []
-    for condition, lam_c in (("weight_decay", 0.0), ("grokalign", lam)):
-        for seed in seeds:
-            stem = out / "runs" / f"{condition}_seed{seed}"
-            cfg = replace(config, grokalign=lam_c, seed=seed)
-            if stem.with_suffix(".json").exists():
-                summary = json.loads(stem.with_suffix(".json").read_text())
-                if summary.get("config") == json.loads(json.dumps(asdict(cfg))):  # JSON has no tuples
-                    done.append(summary)
-                    continue
-            todo.append((cfg, condition, str(stem)))
-    todo.sort(key=lambda t: t[1] != "grokalign")  # the slow runs first, so workers finish together
-    if workers > 1 and len(todo) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
-            done += list(pool.map(_run_one, todo))
-    else:
-        done += [_run_one(t) for t in todo]
-    order = {("weight_decay", s): i for i, s in enumerate(seeds)} | {
-        ("grokalign", s): len(seeds) + i for i, s in enumerate(seeds)
-    }
-    rows = sorted(done, key=lambda r: order.get((r["condition"], r["seed"]), 1 << 30))
+    tasks = [
+        Task(GROKKING, GrokRun(replace(config, grokalign=lam_c, seed=seed), name), f"runs/{name}_seed{seed}.json")
+        for name, lam_c in (("weight_decay", 0.0), ("grokalign", lam))
+        for seed in seeds
+    ]
+    executor = ProcessExecutor(workers, progress=progress) if workers > 1 else SerialExecutor(progress=progress)
+    # the slow runs first, so that workers finish together
+    order = sorted(range(len(tasks)), key=lambda i: tasks[i].inputs.condition != "grokalign")
+    Runner(out).map([tasks[i] for i in order], executor=executor, desc="grokking runs")
+    rows = [summary for _, summary in Runner(out).map(tasks)]
     table = pd.DataFrame(rows)[
         ["condition", "seed", "grok_step", "seconds", "final_test_accuracy", "final_train_accuracy"]
     ]

@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from interp.models import Model
 from interp.progress import progress_bar
+from interp.relations import Relation
 from interp.results import write_table
 from jacobians import LinearRelationalEmbedding, centroid_alignment
+from lab.stages import DERIVED, Runner, Stage, Task, table_codec
 from probes import ProbeSweep
 
 from .stats import correlation_difference, pearson, spearman
@@ -108,6 +112,29 @@ def probe_quality(
     )
 
 
+@dataclass(frozen=True)
+class PredictorInputs:
+    model: Model
+    relations: tuple[Relation, ...]
+    layer: int | None
+    beta: float
+    best_layers: dict[str, int]
+    folds: int
+    probe_C: float
+    progress: bool | None = field(default=None, metadata=DERIVED)
+
+
+def measure_predictors(i: PredictorInputs) -> pd.DataFrame:
+    """The Jacobian predictors and the probe-quality predictors of every relation."""
+    preds = relation_predictors(i.model, list(i.relations), i.layer, i.beta, progress=i.progress)
+    quality = probe_quality(i.model, list(i.relations), i.best_layers, i.folds, i.probe_C, i.progress)
+    return preds.merge(quality, on="relation")
+
+
+#: measured once per study folder (``predictors.csv``), reloaded after
+PREDICTOR_STAGE = Stage("predictors", measure_predictors, table_codec())
+
+
 def compare_predictors(
     study_dir: str | Path,
     model=None,
@@ -123,22 +150,29 @@ def compare_predictors(
     study_dir = Path(study_dir)
     table = pd.read_csv(study_dir / "relations.csv")
     cached = study_dir / "predictors.csv"
-    if cached.exists() and model is None:
-        preds = pd.read_csv(cached)
-    else:
-        if model is None or relations is None:
+    if model is None:  # the predictors a previous call measured
+        try:
+            preds = pd.read_csv(cached)
+        except FileNotFoundError:
             raise ValueError(
                 f"{cached} does not exist yet: pass the study's model and relations to measure the predictors"
-            )
+            ) from None
+    else:
+        if relations is None:
+            raise ValueError("pass the study's relations with its model to measure the predictors")
         wanted = set(table.relation)
-        chosen = [r for r in relations if r.name in wanted]
-        preds = relation_predictors(model, chosen, layer, beta, progress=progress)
         config = json.loads((study_dir / "summary.json").read_text())["config"]
-        quality = probe_quality(
-            model, chosen, dict(zip(table.relation, table.best_layer)), config["folds"], config["probe_C"], progress
+        inputs = PredictorInputs(
+            model,
+            tuple(r for r in relations if r.name in wanted),
+            layer,
+            beta,
+            dict(zip(table.relation, (int(b) for b in table.best_layer))),
+            config["folds"],
+            config["probe_C"],
+            progress,
         )
-        preds = preds.merge(quality, on="relation")
-        write_table(preds, cached)
+        preds = Runner(study_dir).run(Task(PREDICTOR_STAGE, inputs, "predictors.csv"))
     merged = table.merge(preds, on="relation")
     rows = []
     for outcome in outcomes:

@@ -58,8 +58,16 @@ def pretrain(inputs: WorldInputs) -> Checkpoint:
     return Checkpoint(inputs.folder, (time.time() - start) / 60)
 
 
+def _written_by_the_step(result: Checkpoint, path: Path) -> None:
+    pass
+
+
+def _checkpoint_at(path: Path) -> Checkpoint:
+    return Checkpoint(path.parent)
+
+
 #: the checkpoint is written by the step itself; its ``model.safetensors`` marks it done
-WORLD = Stage("pretrain world", pretrain, Codec(lambda result, path: None, lambda path: Checkpoint(path.parent)))
+WORLD = Stage("pretrain world", pretrain, Codec(_written_by_the_step, _checkpoint_at))
 
 
 def world_task(out: Path, name: str, spec: WorldSpec, train: TrainConfig, **kw) -> Task:

@@ -202,11 +202,15 @@ def run_arm(a: ArmInputs) -> ArmResult:
     return ArmResult(res, tuned)
 
 
-ARM = Stage(
-    "erasure arm",
-    run_arm,
-    Codec(lambda result, path: JSON.save(result.record, path), lambda path: ArmResult(JSON.load(path))),
-)
+def _save_arm(result: ArmResult, path) -> None:
+    JSON.save(result.record, path)
+
+
+def _load_arm(path) -> ArmResult:
+    return ArmResult(JSON.load(path))
+
+
+ARM = Stage("erasure arm", run_arm, Codec(_save_arm, _load_arm))
 
 
 def arm_path(relation: str, arm: str) -> str:
