@@ -68,10 +68,11 @@ class StageInputsChanged(ValueError):
 # codecs ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Codec:
-    """How a result is written (atomically) and read back."""
+    """How a result is written (atomically) and read back. (Not ``save``/``load``: nnsight adds
+    a ``save`` method to every object, which a dataclass would take for the field's default.)"""
 
-    save: Callable[[Any, Path], None]
-    load: Callable[[Path], Any]
+    write: Callable[[Any, Path], None]
+    read: Callable[[Path], Any]
 
 
 def _read_json(path: Path):
@@ -219,7 +220,7 @@ class Runner:
         return True
 
     def load(self, task: Task[Any, R]) -> R:
-        return task.stage.codec.load(self.folder / task.path)
+        return task.stage.codec.read(self.folder / task.path)
 
     def run(self, task: Task[Any, R]) -> R:
         """``task``'s result: reloaded when saved, else computed, saved and returned as computed
@@ -270,7 +271,7 @@ def compute(task: Task[Any, R], folder: Path) -> R:
     result = task.stage.fn(task.inputs)
     path = Path(folder) / task.path
     path.parent.mkdir(parents=True, exist_ok=True)
-    task.stage.codec.save(result, path)
+    task.stage.codec.write(result, path)
     key_path = Path(folder) / ".stages" / f"{task.path}.key.json"
     key_path.parent.mkdir(parents=True, exist_ok=True)
     write_json(_key(task), key_path)

@@ -85,7 +85,7 @@ def test_a_failed_write_leaves_neither_result_nor_key(tmp_path):
     def save(result, path):
         raise OSError("disk full")
 
-    broken = Stage("square", square, Codec(save, JSON.load))
+    broken = Stage("square", square, Codec(save, JSON.read))
     runner = Runner(tmp_path)
     with pytest.raises(OSError, match="disk full"):
         runner.run(Task(broken, Square(2), "runs/2.json"))
@@ -153,10 +153,10 @@ def test_a_folder_claimed_by_another_experiment_is_refused(tmp_path):
 def test_parquet_keeps_lists_and_exact_floats(tmp_path):
     df = pd.DataFrame({"subject": ["a", "b", "c"], "top": [None, ["x", "y"], []], "v": [0.1 + 0.2, 1 / 3, 2.0]})
     codec = parquet_codec()
-    codec.save(df, tmp_path / "t.parquet")
-    back = codec.load(tmp_path / "t.parquet")
+    codec.write(df, tmp_path / "t.parquet")
+    back = codec.read(tmp_path / "t.parquet")
     assert back.top.tolist() == [None, ["x", "y"], []] and back.v.tolist() == df.v.tolist()
-    assert pickle.loads(pickle.dumps(codec)).load(tmp_path / "t.parquet").equals(back)  # travels to workers
+    assert pickle.loads(pickle.dumps(codec)).read(tmp_path / "t.parquet").equals(back)  # travels to workers
 
 
 def test_a_model_travels_by_reference_and_an_in_memory_one_is_refused(model_dirs):

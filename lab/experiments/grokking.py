@@ -178,7 +178,7 @@ def _save_run(result: tuple[pd.DataFrame, dict], path: Path) -> None:
 
 
 def _load_run(path: Path) -> tuple[None, dict]:
-    return None, JSON.load(path)
+    return None, JSON.read(path)
 
 
 #: one run, saved as ``runs/<condition>_seed<k>.json`` (its summary) and ``.csv`` (its log)

@@ -71,13 +71,13 @@ def _save_readability(result: Readability, path: Path) -> None:
     write_table(_json_cells(result.readout, "top_answers"), folder / "probe_readout.csv")
     write_table(result.layers, folder / "readability_layers.csv")
     write_table(result.table, folder / "readability.csv")
-    _PARQUET.save(result.readout, path)  # last: its presence means all were written
+    _PARQUET.write(result.readout, path)  # last: its presence means all were written
 
 
 def _load_readability(path: Path) -> Readability:
     folder = path.parent
     return Readability(
-        pd.read_csv(folder / "readability.csv"), pd.read_csv(folder / "readability_layers.csv"), _PARQUET.load(path)
+        pd.read_csv(folder / "readability.csv"), pd.read_csv(folder / "readability_layers.csv"), _PARQUET.read(path)
     )
 
 
@@ -88,8 +88,9 @@ READABILITY = Stage("readability", readability, Codec(_save_readability, _load_r
 class PretrainedInputs:
     model: Model
     relations: tuple[Relation, ...]
-    #: each relation's subjects' frequencies (exact mention counts in the world, else a proxy)
-    frequencies: dict[str, tuple[float, ...]]
+    #: each relation's subjects' frequencies (exact mention counts in the world, else a proxy the model
+    #: computes: a function of the model, so not keyed, lest a last-digit difference refuse a resume)
+    frequencies: dict[str, tuple[float, ...]] = field(metadata=DERIVED)
     progress: bool | None = field(default=None, metadata=DERIVED)
 
 
@@ -136,10 +137,10 @@ def pretrained_answers(inputs: PretrainedInputs) -> pd.DataFrame:
 
 def _save_pretrained(df: pd.DataFrame, path: Path) -> None:
     write_table(_json_cells(df, "model_top_answers"), path.with_suffix(".csv"))
-    _PARQUET.save(df, path)
+    _PARQUET.write(df, path)
 
 
-PRETRAINED = Stage("pretrained answers", pretrained_answers, Codec(_save_pretrained, _PARQUET.load))
+PRETRAINED = Stage("pretrained answers", pretrained_answers, Codec(_save_pretrained, _PARQUET.read))
 
 
 def _json_cells(df: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -203,11 +203,11 @@ def run_arm(a: ArmInputs) -> ArmResult:
 
 
 def _save_arm(result: ArmResult, path) -> None:
-    JSON.save(result.record, path)
+    JSON.write(result.record, path)
 
 
 def _load_arm(path) -> ArmResult:
-    return ArmResult(JSON.load(path))
+    return ArmResult(JSON.read(path))
 
 
 ARM = Stage("erasure arm", run_arm, Codec(_save_arm, _load_arm))

@@ -22,7 +22,7 @@ from interp.models import Model
 from interp.positions import SubjectEnd
 from interp.relations import Relation
 from interp.resampling import bootstrap_indices, percentile_interval, resampled_means
-from lab.stages import DERIVED, Stage
+from lab.stages import DERIVED, WHERE, Stage
 
 from ..finetune import finetune
 from .arms import Setup
@@ -62,7 +62,7 @@ class SteeringInputs:
     layer: int
     predicted_none: tuple[str, ...]
     seed: int
-    none_path: str = ""
+    none_path: str = field(default="", metadata=WHERE)  # named in an error only
     setup: Setup = field(default=None, metadata=DERIVED)
     tuned: Model | None = field(default=None, metadata=DERIVED)
 
