@@ -1,6 +1,7 @@
 """Erasure and steering: the erased activations on both backends, the eraser's data, readability
 after erasure, and the whole test on a tiny random LM (both backends) and on the world model."""
 
+import importlib
 import itertools
 import json
 
@@ -14,13 +15,15 @@ from tiny_models import build
 import interp
 import lab.study.interventions as iv
 import lab.study.interventions.arms as arms
-import lab.study.interventions.steering as steering_arm
 from interp.prompts import Prompt
 from interp.relations import Relation
 from lab.study import FinetuneConfig, StudyConfig
 from lab.study.interventions import InterventionConfig, Interventions, SubjectEnd, erasing, steering
 from lab.study.run import real_model_config
 from probes.erasure import fit_leace, random_subspace
+
+# the module (the package's name `steering` is the hook function it exports)
+steering_arm = importlib.import_module("lab.study.interventions.steering")
 
 PLACES = "Paris Berlin Rome Madrid Tokyo Vorn Kallit Mira Tesh Oba Lunde Sarn Queth".split()
 TEMPLATE = "{} is located in"
