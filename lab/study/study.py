@@ -51,7 +51,6 @@ that job.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -64,7 +63,7 @@ import pandas as pd
 from interp.models import Model
 from interp.relations import Relation
 from interp.results import write_json
-from lab.stages import Runner, Task
+from lab.stages import Runner, Task, digest
 from lab.world.vocab import LABELS
 from probes.readability import best_layers
 
@@ -113,7 +112,7 @@ class StudyConfig:
         return json.loads(json.dumps(asdict(self)))
 
     def digest(self) -> str:
-        return _digest(self.to_dict())
+        return digest(self.to_dict())
 
     def per_answer(self, relation: Relation) -> int:
         """Fine-tuning subjects per answer for ``relation`` (see :mod:`lab.study.design`)."""
@@ -122,10 +121,6 @@ class StudyConfig:
         budget = finetune_budget(relation.name, *self.finetune_budget, seed=self.split_seed)
         counts = Counter(dict(zip(relation.subjects, relation.answers)).values())
         return per_answer(budget, len(counts), self.min_per_answer, cap=int(np.median(list(counts.values()))) // 2)
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def relation_digest(r: Relation) -> str:
