@@ -36,10 +36,11 @@ seed gives the same interval as ``PatchingResult.bootstrap_ci(of_effect=True)`` 
 The resampled means and the sign-flip test are :mod:`interp.resampling`'s, the study's too.
 
 Cost: the per-pair values take ``4 * cells * n_pairs`` bytes; resampling works on blocks of
-:data:`interp.resampling.BLOCK` cells, so its memory is bounded by the block
-(``block x draws x n``), not by ``cells x draws x n``. The total is checked against ``max_bytes`` before any forward
-pass; the forward passes are the same as without statistics
-(``benchmarks/patching_statistics.py`` measures the difference).
+cells (:func:`interp.resampling.block_cells`: up to 256, fewer when pairs are many), so its
+memory is bounded by the block (``block x draws x n``, about 256 MiB), not by
+``cells x draws x n``. The total is checked against ``max_bytes`` before any forward pass; the
+forward passes are the same as without statistics (``benchmarks/patching_statistics.py``
+measures the difference).
 """
 
 from __future__ import annotations
@@ -97,7 +98,9 @@ def as_uncertainty(statistics) -> Uncertainty | None:
 def check_memory(cells: int, n_pairs: int, config: Uncertainty, what: str) -> None:
     """Refuse before running when the kept table plus the resampling's working memory would not fit."""
     draws = max(config.n_resamples * n_pairs, 2 ** min(n_pairs, EXACT_MAX_N), config.n_permutations)
-    work = 4 * min(cells, resampling.BLOCK) * (draws + n_pairs) + 4 * 2 * draws  # a block's draws, and the draws
+    # a block of cells' gathered draws (fewer cells a block when pairs are many), and the draws
+    block = min(cells, resampling.block_cells(config.n_resamples, n_pairs, 4))
+    work = 4 * block * (draws + n_pairs) + 4 * 2 * draws
 
     need = 4 * cells * n_pairs + work
     if need > config.max_bytes:

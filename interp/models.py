@@ -51,6 +51,9 @@ class Model:
         self.name = name
         #: where the weights were loaded from (a directory), so workers can load it again; None in memory
         self.source: str | None = None
+        #: how :attr:`source` was loaded (dtype, device, a tokenizer given in place of the saved one),
+        #: so that a worker loads it the same way
+        self.load_options: dict[str, Any] = {}
         self._fingerprint: str | None = None
         self._scoring: Scoring | None = None
         #: interventions every forward pass of this handle applies: ``(site, fn(act, batch))``
@@ -213,6 +216,7 @@ class Model:
         (site,) = self.check_sites([site])
         model = Model(self.backend, self.tokenizer, self.name)
         model.source, model._standing = self.source, self._standing + ((site, fn),)
+        model.load_options = self.load_options
         return model
 
     def _with_standing(self, batch: Batch, hooks: Mapping[str, HookFn] | None) -> dict[str, HookFn] | None:
@@ -314,15 +318,16 @@ class Model:
 
     def __reduce__(self):
         """A handle travels to a worker process by reference: the worker loads it again from
-        :attr:`source` (once per process) and checks that the weights' fingerprint matches. A
-        model only in memory, or one with standing interventions, cannot be sent."""
+        :attr:`source` with the same :attr:`load_options` and name (once per process) and checks
+        that the weights' fingerprint matches. A model only in memory, or one with standing
+        interventions, cannot be sent."""
         if self.source is None or self._standing:
             raise TypeError(
                 f"model {self.name!r} cannot be sent to a worker process: a worker loads the model again, so load "
                 "it from a directory or a name (interp.load_model(path)), not from an object in memory"
                 + (" (and send it without standing interventions)" if self._standing else "")
             )
-        return _reload, (self.source, self.backend_name, self.name, self.fingerprint())
+        return _reload, (self.source, self.backend_name, self.name, self.fingerprint(), self.load_options)
 
     def __repr__(self) -> str:
         return (
@@ -332,14 +337,15 @@ class Model:
 
 
 # loading ---------------------------------------------------------------------------------------
-_RELOADED: dict[tuple[str, str, str], Model] = {}
+_RELOADED: dict[tuple, Model] = {}
 
 
-def _reload(source: str, backend: str, name: str, fingerprint: str) -> Model:
+def _reload(source: str, backend: str, name: str, fingerprint: str, options: dict | None = None) -> Model:
     """A model sent by reference (:meth:`Model.__reduce__`), loaded once per process."""
-    key = (source, backend, fingerprint)
+    options = options or {}
+    key = (source, backend, name, fingerprint, *((k, _option_key(v)) for k, v in sorted(options.items())))
     if key not in _RELOADED:
-        model = load_model(source, backend=backend, name=name)
+        model = load_model(source, backend=backend, name=name, **options)
         if model.fingerprint() != fingerprint:
             raise RuntimeError(
                 f"{source} holds other weights (fingerprint {model.fingerprint()}) than the model that was sent "
@@ -347,6 +353,15 @@ def _reload(source: str, backend: str, name: str, fingerprint: str) -> Model:
             )
         _RELOADED[key] = model
     return _RELOADED[key]
+
+
+def _option_key(value) -> Any:
+    """A hashable stand-in for a load option (a tokenizer by its class, name and vocabulary size)."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    return (type(value).__name__, getattr(value, "name_or_path", ""), len(value) if hasattr(value, "__len__") else None)
 
 
 def load_model(
@@ -396,6 +411,8 @@ def load_model(
         loaded, tok = cls.load_directory(path, tokenizer, device, dtype)
         model = Model(loaded, tok, name or str(spec))
         model.source = str(path)
+        given = {"tokenizer": tokenizer, "device": device, "dtype": dtype}
+        model.load_options = {k: v for k, v in given.items() if v is not None}
         return model
     if cls.accepts(spec):
         loaded, tok, default_name = cls.load(spec, tokenizer, device, dtype)

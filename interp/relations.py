@@ -54,8 +54,15 @@ class Relation:
         return [Prompt(self.template.format(s), s) for s in self.subjects]
 
     def content_digest(self) -> str:
-        """A hash of the relation's contents (subjects, answers, prompts), not just its name."""
-        key = {"subjects": self.subjects, "answers": self.answers, "prompts": [p.text for p in self.prompts()]}
+        """A hash of the relation's contents: its name (a study seeds its design with it), subjects,
+        answers, prompts and properties."""
+        key = {
+            "name": self.name,
+            "subjects": self.subjects,
+            "answers": self.answers,
+            "prompts": [p.text for p in self.prompts()],
+            "properties": self.properties,
+        }
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property

@@ -8,8 +8,11 @@ seed convention (TransformerLens' SHA-256-keyed torch generator for patching, a 
 
 - :func:`bootstrap_indices`: ``n_resamples`` resamples of ``n`` rows with replacement;
 - :func:`resampled_means`: the mean of ``values`` over each resample's rows, for every cell at
-  once (``values[..., idx].mean(-1)``), computed a block of cells at a time so that memory stays
-  bounded by ``block x resamples x n``;
+  once (``values[..., idx].mean(-1)``), computed a block of cells at a time, as many as fit in
+  :data:`WORK_BYTES` (at most :data:`BLOCK`, at least one), so that memory stays bounded by
+  ``block x resamples x n`` whatever the number of rows (a cell's mean does not depend on the
+  block beyond the last digit: numpy orders a block's sums by its shape; blocks of the default
+  size, used unless rows are many, are the ones every saved result was computed with);
 - :func:`percentile_interval`: the percentile bootstrap interval of those means;
 - :func:`sign_flip_p`: the paired sign-flip permutation test that a mean is zero. Under the null
   each row's value is symmetric about zero, so the means with random signs are its distribution.
@@ -30,8 +33,15 @@ import itertools
 import numpy as np
 
 ALTERNATIVES = ("two-sided", "greater", "less")
-#: cells resampled at a time (bounds memory to ``BLOCK x resamples x n`` values)
+#: cells resampled at a time, at most (bounds memory to ``BLOCK x resamples x n`` values)
 BLOCK = 256
+#: the working memory of one block of :func:`resampled_means` (fewer cells a block when rows are many)
+WORK_BYTES = 256 * 2**20
+
+
+def block_cells(n_resamples: int, n: int, itemsize: int = 8) -> int:
+    """Cells :func:`resampled_means` gathers at a time for ``n_resamples`` resamples of ``n`` rows."""
+    return int(max(1, min(BLOCK, WORK_BYTES // max(1, n_resamples * n * itemsize))))
 
 
 def bootstrap_indices(rng: np.random.Generator, n: int, n_resamples: int) -> np.ndarray:
@@ -44,7 +54,8 @@ def resampled_means(values, idx: np.ndarray) -> np.ndarray:
     ``[..., resamples]``, in ``values``' float precision."""
     x = np.asarray(values)
     flat = x.reshape(-1, x.shape[-1])
-    out = np.concatenate([block[:, idx].mean(-1) for block in _blocks(flat)]) if len(flat) else flat[:, :0]
+    rows = block_cells(idx.shape[0], idx.shape[1], flat.dtype.itemsize)
+    out = np.concatenate([b[:, idx].mean(-1) for b in _blocks(flat, rows)]) if len(flat) else flat[:, :0]
     return out.reshape(*x.shape[:-1], idx.shape[0])
 
 
@@ -99,6 +110,6 @@ def sign_flip_p(values, signs: np.ndarray, alternative: str = "two-sided", exact
     return float(p[0]) if x.ndim == 1 else p.reshape(x.shape[:-1])
 
 
-def _blocks(x: np.ndarray):
-    for start in range(0, x.shape[0], BLOCK):
-        yield x[start : start + BLOCK]
+def _blocks(x: np.ndarray, rows: int = BLOCK):
+    for start in range(0, x.shape[0], rows):
+        yield x[start : start + rows]

@@ -181,7 +181,12 @@ def _call_with_threads(fn, item, threads: int | None, before=None, label: str = 
 class ProcessExecutor(Executor):
     """Run jobs in ``workers`` local processes (``spawn``: a fresh interpreter each, nothing
     inherited), ``threads`` torch threads each (default 1: small models are bound by per-operation
-    overhead, which threads do not share out). Jobs and their function must be picklable."""
+    overhead, which threads do not share out). Jobs and their function must be picklable.
+
+    A worker process that dies (killed, out of memory, a crash in native code) breaks the pool it
+    belongs to, and every job still in that pool with it. Those jobs are run again, each in a
+    process of its own (``workers`` at a time), so that the job that kills its process fails
+    alone (reported with the others) and the rest finish."""
 
     name = "process"
 
@@ -195,18 +200,40 @@ class ProcessExecutor(Executor):
         self.workers, self.threads, self.progress, self.before = workers, threads, progress, before
 
     def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
+        from concurrent.futures.process import BrokenProcessPool
 
         labels = list(labels or map(str, range(len(items))))
-        with ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn")) as pool:
-            futures = {
-                pool.submit(_call_with_threads, fn, item, self.threads, self.before, labels[i]): i
-                for i, item in enumerate(items)
-            }
-            bar = progress_bar(total=len(items), desc=f"{desc} (processes)", unit="jobs", progress=self.progress)
-            finished = ((futures[f], f) for f in as_completed(futures))
-            return _gather(finished, len(items), _future_result, on_result, labels, bar)
+        bar = progress_bar(total=len(items), desc=f"{desc} (processes)", unit="jobs", progress=self.progress)
+        broken: list[int] = []
+
+        def finished():
+            with self._pool(self.workers) as pool:
+                futures = {self._submit(pool, fn, items[i], labels[i]): i for i in range(len(items))}
+                for f in as_completed(futures):
+                    if isinstance(f.exception(), BrokenProcessPool):
+                        broken.append(futures[f])  # an innocent bystander, or the job that died
+                    else:
+                        yield futures[f], f
+            for start in range(0, len(broken), self.workers):  # again, each in a process of its own
+                pools = {i: self._pool(1) for i in broken[start : start + self.workers]}
+                futures = {self._submit(pool, fn, items[i], labels[i]): i for i, pool in pools.items()}
+                for f in as_completed(futures):
+                    yield futures[f], f
+                for pool in pools.values():
+                    pool.shutdown()
+
+        return _gather(finished(), len(items), _future_result, on_result, labels, bar)
+
+    @staticmethod
+    def _pool(workers: int):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"))
+
+    def _submit(self, pool, fn, item, label):
+        return pool.submit(_call_with_threads, fn, item, self.threads, self.before, label)
 
 
 def _future_result(future):

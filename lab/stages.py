@@ -9,8 +9,12 @@ whether a step is done:
 - every result is keyed by a **digest of its inputs** (:func:`digest`), kept beside it under
   ``.stages/``; a result made from other inputs is refused with what differs, not silently
   reused;
-- results are **written atomically** (:mod:`interp.results`), and the key only after the result:
-  a run killed mid-write leaves no half file;
+- results are **written atomically** (:mod:`interp.results`), after their key (written before
+  the step runs): a run killed mid-write leaves no half file, and a result on disk always has
+  the key it was made with (a key without its result is overwritten when the step reruns). A
+  result with no key was not written by a runner (an older version's folder): it is adopted
+  only in a folder the experiment has claimed, whose record says it holds this experiment, and
+  refused elsewhere;
 - :meth:`Runner.map` runs many tasks of a stage on an executor (:mod:`lab.executors`): serially
   in this process or as Ray tasks, through the same code path (the task, its inputs and the stage
   function are what a worker receives; a model handle travels by reference,
@@ -21,8 +25,9 @@ What a digest covers: every field of the inputs, except those declared with
 ``field(metadata=DERIVED)``: values computed from the other fields (a study's probe read-out is a
 function of the model, the relation and the configuration, all keyed), which may differ in the
 last float digit between a fresh and a resumed run without the step's inputs having changed.
-Objects digest by content: a model by its weights' fingerprint, a relation by its subjects,
-answers and prompts, dataclasses field by field, tables by their values.
+Objects digest by content: a model by its weights' fingerprint, a relation by its name,
+subjects, answers, prompts and properties, dataclasses field by field, tables by their values;
+a whole-valued float digests as the integer it equals (``lr=1`` and ``lr=1.0`` are one input).
 
 >>> runner = Runner("results/x")
 >>> result = runner.run(Task(FINETUNE, inputs, "runs/a.json"))     # computed, or reloaded
@@ -52,7 +57,8 @@ R = TypeVar("R")
 
 #: ``field(metadata=DERIVED)``: an input computed from the other inputs, left out of the digest
 DERIVED = {"digest": False}
-#: ``field(metadata=WHERE)``: where or how a step writes (a folder, a flag), not what it computes
+#: ``field(metadata=WHERE)``: where or how a step runs or writes (a folder, a thread count), not
+#: what it computes
 WHERE = {"digest": False}
 
 
@@ -156,10 +162,12 @@ def content(value) -> Any:
         return [content(v) for v in value]
     if isinstance(value, Path):
         return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, np.generic):
-        return value.item()
+        return content(value.item())
     raise TypeError(f"cannot digest a {type(value).__name__}: give it a content_digest() method or mark it DERIVED")
 
 
@@ -177,6 +185,8 @@ class Runner:
     def __init__(self, folder: str | Path, progress: bool | None = None):
         self.folder = Path(folder)
         self.progress = progress
+        #: whether :meth:`claim` found (or wrote) this experiment's record in the folder
+        self.claimed = False
 
     # one folder, one experiment -----------------------------------------------------------------
     def claim(
@@ -198,6 +208,7 @@ class Runner:
                 raise ValueError(refusal.format(folder=self.folder, what=what, differences="; ".join(diffs)))
         else:
             write_json(meta, path)
+        self.claimed = True
 
     # tasks ---------------------------------------------------------------------------------------
     def done(self, task: Task) -> bool:
@@ -214,9 +225,14 @@ class Runner:
                     f"({_changed(saved.get('inputs'), content(task.inputs))}); use a new output folder, "
                     "or delete the file to recompute it"
                 )
-        else:  # a result saved before keys were kept: adopt it
+        elif self.claimed:  # an older version's result, in a folder that holds this experiment: adopt it
             key_path.parent.mkdir(parents=True, exist_ok=True)
             write_json(_key(task), key_path)
+        else:
+            raise StageInputsChanged(
+                f"{path} has no key ({key_path}), so nothing says which inputs made it (it was not written by "
+                "this runner); delete it to recompute it, or use a new output folder"
+            )
         return True
 
     def load(self, task: Task[Any, R]) -> R:
@@ -267,14 +283,20 @@ class Runner:
 
 
 def compute(task: Task[Any, R], folder: Path) -> R:
-    """Run ``task`` and save its result, then its key (in a worker or in this process)."""
-    result = task.stage.fn(task.inputs)
+    """Save ``task``'s key, then run it and save its result (in a worker or in this process). The
+    key comes first because some stages write their result themselves (a checkpoint folder); a
+    failed step or write removes the key again."""
     path = Path(folder) / task.path
     path.parent.mkdir(parents=True, exist_ok=True)
-    task.stage.codec.write(result, path)
     key_path = Path(folder) / ".stages" / f"{task.path}.key.json"
     key_path.parent.mkdir(parents=True, exist_ok=True)
     write_json(_key(task), key_path)
+    try:
+        result = task.stage.fn(task.inputs)
+        task.stage.codec.write(result, path)
+    except BaseException:
+        key_path.unlink(missing_ok=True)
+        raise
     return result
 
 

@@ -159,6 +159,21 @@ def test_serial_executor_collects_failures():
     assert seen == [10, 30]  # the other jobs still ran
 
 
+@pytest.mark.slow
+def test_a_dead_worker_process_fails_its_job_alone():
+    """A process that dies breaks its pool and every job in it; the others are run again, each in
+    a process of its own, so that only the job that kills its process fails."""
+    from faults import KillOn, times_ten
+
+    from lab.executors import ProcessExecutor
+
+    executor = ProcessExecutor(workers=2, progress=False, before=KillOn("job-2"))
+    seen = {}
+    with pytest.raises(JobsFailedError, match=r"1 job\(s\) failed.*\n  job-2: BrokenProcessPool") as err:
+        executor.map(times_ten, [1, 2, 3, 4], on_result=seen.__setitem__, labels=[f"job-{i}" for i in (1, 2, 3, 4)])
+    assert list(err.value.failures) == [1] and seen == {0: 10, 2: 30, 3: 40}
+
+
 def test_jobs_run_with_the_threads_their_executor_gives_them(ray_cluster):
     """A Ray task gets as many torch threads as CPUs it was given (not the driver's count, which
     oversubscribed small machines); the serial executor applies ``threads=`` per job and restores

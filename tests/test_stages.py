@@ -8,6 +8,7 @@ import json
 import pickle
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -62,7 +63,7 @@ def test_a_result_is_computed_once_then_reloaded(tmp_path):
 def test_a_result_made_from_other_inputs_is_refused_with_what_changed(tmp_path):
     runner = Runner(tmp_path)
     runner.run(Task(SQUARE, Square(3), "runs/3.json"))
-    with pytest.raises(StageInputsChanged, match=r"scale: 1.0 -> 2.0.*new output folder"):
+    with pytest.raises(StageInputsChanged, match=r"scale: 1 -> 2.*new output folder"):
         runner.run(Task(SQUARE, Square(3, 2.0), "runs/3.json"))
     assert CALLS == [3]
 
@@ -93,12 +94,33 @@ def test_a_failed_write_leaves_neither_result_nor_key(tmp_path):
     assert runner.run(Task(SQUARE, Square(2), "runs/2.json"))["y"] == 4.0  # recomputed, then saved
 
 
-def test_a_result_saved_without_a_key_is_adopted(tmp_path):
+def test_a_result_without_a_key_is_adopted_only_in_a_folder_claimed_by_the_experiment(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "4.json").write_text(json.dumps({"x": 4, "y": 16.0}))
+    with pytest.raises(StageInputsChanged, match="has no key"):  # nothing says what made it
+        Runner(tmp_path).run(Task(SQUARE, Square(4), "runs/4.json"))
     runner = Runner(tmp_path)
+    runner.claim("experiment.json", {"lr": 1}, lambda old, new: [], "experiment")  # an older version's folder
     assert runner.run(Task(SQUARE, Square(4), "runs/4.json")) == {"x": 4, "y": 16.0} and CALLS == []
     assert (tmp_path / ".stages" / "runs" / "4.json.key.json").exists()
+
+
+def test_the_key_is_written_before_the_step_runs_and_removed_if_it_fails(tmp_path):
+    key = tmp_path / ".stages" / "runs" / "5.json.key.json"
+
+    def looks(inputs: Square) -> dict:
+        assert key.exists()  # a step that writes its own result (a checkpoint) is keyed before it writes
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError, match="killed"):
+        Runner(tmp_path).run(Task(Stage("square", looks), Square(5), "runs/5.json"))
+    assert not key.exists()
+    assert Runner(tmp_path).run(Task(SQUARE, Square(5), "runs/5.json"))["y"] == 25.0
+
+
+def test_whole_floats_digest_as_integers():
+    assert digest(Square(2, 1)) == digest(Square(2, 1.0)) == digest(Square(2, np.float64(1.0)))
+    assert digest(Square(2, 1.5)) != digest(Square(2, 1))
 
 
 def test_failures_are_collected_and_the_others_saved(tmp_path):
@@ -168,6 +190,13 @@ def test_a_model_travels_by_reference_and_an_in_memory_one_is_refused(model_dirs
     again = pickle.loads(pickle.dumps(model))
     assert again.fingerprint() == model.fingerprint() and again.source == model.source
     assert pickle.loads(pickle.dumps(model)) is again  # loaded once per process
+    # loaded again as it was loaded: the same name, dtype and tokenizer
+    import torch
+
+    wide = interp.load_model(model_dirs["gpt2"], backend="nnsight", dtype=torch.float64, name="wide")
+    back = pickle.loads(pickle.dumps(wide))
+    assert back is not again and back.name == "wide" and back.fingerprint() == wide.fingerprint()
+    assert next(back.hf_model.parameters()).dtype == torch.float64
     hf, tokenizer = build("gpt2")
     with pytest.raises(TypeError, match="cannot be sent to a worker process"):
         pickle.dumps(interp.load_model(hf, tokenizer=tokenizer))

@@ -20,7 +20,7 @@ minute there (documented in README with what it measured).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +31,7 @@ from interp.results import write_json, write_table
 from interp.training import TrainingLoop, seed_torch
 from jacobians.regularizer import GrokAlignRegularizer
 from lab.executors import ProcessExecutor, SerialExecutor
-from lab.stages import JSON, Codec, Runner, Stage, Task
+from lab.stages import JSON, WHERE, Codec, Runner, Stage, Task
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class ModularConfig:
     eval_every: int = 50
     grokalign: float = 0.0  # lambda of the GrokAlign term (0: weight decay alone)
     seed: int = 0
-    threads: int = 2
+    threads: int = field(default=2, metadata=WHERE)  # how it runs, not what: not keyed
     stop_at_grok: bool = True  # stop once test accuracy stays >= target for 3 evaluations
     target: float = 0.95
 

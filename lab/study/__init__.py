@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
+from .config import StudyConfig, StudySpec
 from .design import Design, finetune_budget, make_design, per_answer, relabel, split
 from .finetune import FinetuneConfig, finetune
 from .run import run_study
-from .study import Job, Study, StudyConfig, StudyResult
+from .study import Job, Study, StudyResult
 from .validate import StudyConfigError
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "StudyConfig",
     "StudyConfigError",
     "StudyResult",
+    "StudySpec",
     "finetune",
     "finetune_budget",
     "make_design",

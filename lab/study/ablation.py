@@ -54,10 +54,10 @@ from lab.world import TrainConfig, World, WorldSpec, default_spec
 from lab.world.report import recall
 
 from .causal import without_augmentation
-from .finetune import FinetuneConfig
+from .config import StudyConfig
+from .finetune import WORLD_RATES, FinetuneConfig
 from .run import run_study
-from .study import StudyConfig
-from .worlds import shipped_checkpoint, world_task
+from .worlds import shipped_checkpoint, weights_digest, world_task
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def default_variants(spec: WorldSpec | None = None) -> list[Variant]:
             "which parameters fine-tune (embeddings, and the read-out tied to them)",
             finetune={"freeze_embeddings": False},
         ),
-        Variant("fine-tune lr x0.3", "fine-tuning learning rate", finetune={"lr": FinetuneConfig.lr * 0.3}),
+        Variant("fine-tune lr x0.3", "fine-tuning learning rate", finetune={"lr": WORLD_RATES[0] * 0.3}),
         Variant("budget 40-120", "fine-tuning subjects", study={"finetune_budget": (40, 120)}),
         Variant("LoRA", "LoRA instead of full fine-tuning", study={"methods": ("lora",)}),
         Variant(
@@ -201,7 +201,8 @@ def ablate(
     for v, s, t in progress_bar(plans, desc="variants", unit="variants", progress=progress):
         vc = replace(config or ablation_study_config(), **v.study)
         vc = replace(vc, finetune=replace(vc.finetune, **v.finetune))
-        inputs = VariantInputs(v, s, t, vc, train.steps, recipe, out, progress)
+        measured = weights_digest(shipped_checkpoint(s, t) if v.pretrains else recipe)
+        inputs = VariantInputs(v, s, t, vc, train.steps, recipe, out, measured, progress)
         task = Task(VARIANT, inputs, f"variants/{_slug(v.name)}/row.json")
         if only is not None and v.name != "baseline" and v.name not in only and not runner.done(task):
             continue
@@ -232,6 +233,9 @@ class VariantInputs:
     recipe_steps: int
     recipe: Path | None = field(metadata=WHERE)
     out: Path = field(metadata=WHERE)
+    #: the weights of the shipped checkpoint the variant measures instead of pretraining (None:
+    #: it pretrains): keyed, so that a resumed ablation never mixes rows from other checkpoints
+    measured_weights: str | None = None
     progress: bool | None = field(default=None, metadata=DERIVED)
 
 

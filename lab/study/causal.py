@@ -38,8 +38,8 @@ from interp.results import write_json, write_table
 from lab.stages import Runner
 from lab.world import TrainConfig, World, WorldSpec, default_spec
 
+from .config import StudyConfig
 from .run import run_study
-from .study import StudyConfig
 from .worlds import shipped_checkpoint, world_task
 
 __all__ = ["causal_test", "did_with_ci", "shipped_checkpoint", "without_augmentation", "writing_digests"]

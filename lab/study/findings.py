@@ -245,7 +245,9 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
         "",
     ]
     rel = pd.read_csv(study / "relations.csv")
-    m0 = json.loads((study / "summary.json").read_text())["methods"][0]
+    summary = json.loads((study / "summary.json").read_text())
+    m0 = summary["methods"][0]
+    rel = rel[rel[f"generalization_kappa_{m0}"].notna()]  # a relation whose fine-tune failed has no outcome
     x, y = rel.readability_best_kappa.to_numpy(float), rel[f"generalization_kappa_{m0}"].to_numpy(float)
     loo = sorted(
         (float(np.corrcoef(np.delete(x, i), np.delete(y, i))[0, 1]), name) for i, name in enumerate(rel.relation)
@@ -262,6 +264,14 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
         + ".",
         "",
     ]
+    failed = summary.get("failed_jobs")
+    if failed is not None:  # studies since failed fine-tunes are classified (lab.study.failures)
+        out += [
+            f"Failed fine-tunes (did not learn their fine-tuning set, or a NaN loss): {failed['n_failed']} of "
+            f"{failed['n_finetunes']}, {'left out of' if failed['excluded_from_statistics'] else 'kept in'} the "
+            "statistics" + (f": {', '.join(j['job'] for j in failed['jobs'])}." if failed["jobs"] else "."),
+            "",
+        ]
     section = study_section(study, figures_to, prefix="study_real")
     return "\n".join(out) + "\n" + section.replace("## The generalization study:", "### The generalization study:", 1)
 

@@ -4,7 +4,7 @@ back-map.
 A job is one relation x method x label category x label seed x fine-tuning seed. It
 
 1. relabels the relation's answers with the category's labels and splits its subjects
-   (:func:`design_for`, :mod:`lab.study.design`);
+   (:func:`lab.study.config.design_for`, :mod:`lab.study.design`);
 2. fine-tunes a copy of the pretrained model on the fine-tuning subjects (:mod:`lab.study.finetune`);
 3. scores the held-out subjects' labels (top label among the relation's labels): generalization,
    raw and as Cohen's kappa, beside the chance levels of the held-out labels (:mod:`probes.chance`);
@@ -30,7 +30,7 @@ from interp.relations import Relation, RelationError
 from lab.stages import DERIVED, Stage
 from probes.chance import chance_levels, expected_agreement, kappa
 
-from .design import Design, make_design
+from .config import StudyConfig, design_for
 from .finetune import finetune
 
 
@@ -47,23 +47,15 @@ class Job:
         return f"{self.relation}__{self.method}__{self.category}__l{self.label_seed}__f{self.finetune_seed}"
 
 
-def design_for(relation: Relation, labels: dict, config, category: str, label_seed: int) -> Design:
-    """The relation's relabelling and split under ``config`` (a StudyConfig); a label that is also
-    one of the relation's answers (a colour relabelled with colours) is never used for it."""
-    answers = {a.lower() for a in relation.answers}
-    words = tuple(w for w in labels[category] if w.lower() not in answers)
-    return make_design(relation, words, config.per_answer(relation), label_seed, config.split_seed, category)
-
-
 @dataclass(frozen=True)
-class FinetuneJob:
+class FinetuneInputs:
     """Everything one fine-tune reads. ``readout`` (the probe's ranked answers per subject at
     ``best_layer``) and ``pretrained`` (the pretrained model's) are computed from the model, the
     relation and the configuration, so they are not part of the job's key."""
 
     model: Model
     relation: Relation
-    config: object  # StudyConfig (its module imports this one)
+    config: StudyConfig
     labels: dict
     job: Job
     readout: pd.DataFrame = field(metadata=DERIVED)
@@ -71,7 +63,7 @@ class FinetuneJob:
     best_layer: int = field(default=0, metadata=DERIVED)
 
 
-def run_finetune_job(j: FinetuneJob) -> dict:
+def run_finetune_job(j: FinetuneInputs) -> dict:
     """Design, fine-tune, evaluate and back-map one job (see the module docstring)."""
     job, r, config = j.job, j.relation, j.config
     base = {**asdict(job), "job": job.id}
@@ -132,6 +124,8 @@ def run_finetune_job(j: FinetuneJob) -> dict:
         "chance_prior": levels["prior"],
         "chance_majority": levels["majority"],
         "chance_expected": expected_agreement(truth, pred),
+        # the outcome (no generalization), not a failure: flagged, never excluded (lab.study.failures)
+        "heldout_one_label": len(set(pred)) == 1 and len(set(truth)) > 1,
         "full_batch": len(design.finetune) <= config.finetune.batch_size,
         **shuffled_backmap_rates(lists, seed=job.finetune_seed),
         **info,

@@ -106,6 +106,8 @@ def _corr_rows(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
 
 
 def _t_p(r: np.ndarray, df: int) -> np.ndarray:
+    if df < 1:  # too few relations for this partial correlation (fine-tunes failed): undefined
+        return np.full(np.shape(r), np.nan)
     t = r * np.sqrt(df / np.maximum(1e-300, 1 - r * r))
     return 2 * stats.t.sf(np.abs(t), df)
 

@@ -8,7 +8,7 @@
   relation's best layer and at the fixed layer.
 - **Pretrained answers** (:data:`PRETRAINED`): the model's top answer among the relation's answers
   (full-sequence scores, :mod:`interp.scoring`) and its ranking of them, with each subject's
-  frequency. An encoder has no answer before fine-tuning: missing, not guessed.
+  frequency (computed only when the stage runs). An encoder has no answer before fine-tuning: missing, not guessed.
 
 Each is saved as the CSVs users open (``readability.csv``, ``readability_layers.csv``,
 ``probe_readout.csv``, ``pretrained.csv``; a ranking there is a JSON list in one cell) and as a
@@ -18,6 +18,7 @@ parquet file that keeps the rankings as lists, which is what the study reads bac
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,9 +89,10 @@ READABILITY = Stage("readability", readability, Codec(_save_readability, _load_r
 class PretrainedInputs:
     model: Model
     relations: tuple[Relation, ...]
-    #: each relation's subjects' frequencies (exact mention counts in the world, else a proxy the model
-    #: computes: a function of the model, so not keyed, lest a last-digit difference refuse a resume)
-    frequencies: dict[str, tuple[float, ...]] = field(metadata=DERIVED)
+    #: ``(relation, subject) -> frequency`` (the world: exact mention counts); None: the proxy the
+    #: model computes (:mod:`interp.scoring`). Called only when the stage runs (not on a resume), and
+    #: not keyed: a function of the model and the relations, lest a last-digit difference refuse a resume
+    subject_frequency: Callable[[str, str], float] | None = field(default=None, metadata=DERIVED)
     progress: bool | None = field(default=None, metadata=DERIVED)
 
 
@@ -102,7 +104,7 @@ def pretrained_answers(inputs: PretrainedInputs) -> pd.DataFrame:
         list(inputs.relations), desc="pretrained answers", unit="relations", progress=inputs.progress
     ):
         answers = r.answer_set
-        freq = inputs.frequencies[r.name]
+        freq = _frequencies(r, inputs.subject_frequency, model)
         if undefined:  # an encoder: no answer to read before fine-tuning (missing, not guessed)
             rows += [
                 {
@@ -133,6 +135,14 @@ def pretrained_answers(inputs: PretrainedInputs) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _frequencies(r: Relation, subject_frequency, model: Model) -> list[float]:
+    if subject_frequency is not None:
+        return [float(subject_frequency(r.name, s)) for s in r.subjects]
+    # a proxy for real models, by model family (interp.scoring: a causal LM's mean log-probability
+    # of the subject's tokens after its first; an encoder's word pieces per word)
+    return [model.scoring.frequency(s) for s in r.subjects]
 
 
 def _save_pretrained(df: pd.DataFrame, path: Path) -> None:

@@ -84,13 +84,32 @@ def write_report(out: str | Path, static: bool = True) -> Path:
         if untrained
         else ""
     )
+    failed = summary.get("failed_jobs") or {}
+    first_warning = (
+        f"<p class=note><b>{html.escape(failed['warning'])}</b></p>" if failed.get("warning") else ""
+    )  # said before any number: those numbers rest on fewer fine-tunes than the design
+    failed_section = ""
+    if failed.get("jobs") or failed.get("heldout_one_label"):
+        kept = "counted in the statistics (keep_failed)" if not failed["excluded_from_statistics"] else "left out"
+        rows = "".join(
+            f"<tr><td>{html.escape(j['job'])}</td><td style='text-align:left'>{html.escape(j['reason'])}</td></tr>"
+            for j in failed.get("jobs", [])
+        )
+        failed_section = (
+            f"<section><h2>Failed fine-tunes ({failed['n_failed']} of {failed['n_finetunes']}, {kept})</h2>"
+            "<p>A fine-tune that did not learn its fine-tuning set (training kappa below "
+            f"{summary['config'].get('min_train_kappa')}, or a NaN loss) is a failed job, not a measurement.</p>"
+            f"<table><tr><th>job</th><th>reason</th></tr>{rows}</table>"
+            f"<p>Learned, but one label for every held-out subject (measured: no generalization; kept): "
+            f"{html.escape(', '.join(failed.get('heldout_one_label', [])) or 'none')}.</p></section>"
+        )
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Generalization study:
 {html.escape(summary["model"])}</title>
 <style>body{{font-family:Arial,Helvetica,sans-serif;max-width:1500px;margin:2em auto;padding:0 1em;color:#222}}
 table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}
 th{{background:#f3f3f3}}.note{{color:#a00}}section{{margin:2em 0}}</style></head><body>
 <h1>Does knowledge that is linear before fine-tuning generalize after it?</h1>
-<p>Model <b>{html.escape(summary["model"])}</b>, {summary["n_relations"]} relations,
+{first_warning}<p>Model <b>{html.escape(summary["model"])}</b>, {summary["n_relations"]} relations,
 methods {", ".join(summary["methods"])}.
 Both readability and generalization are measured as Cohen's kappa (0 = what a guess blind to the subject scores,
 given the
@@ -120,6 +139,7 @@ answers {bm.get("probe_ratio", float("nan")):.2f}x as often as a uniformly rando
 paired Wilcoxon p =
 {bm.get("wilcoxon_p", float("nan")):.3g}).</p>
 {warn}{note}
+{failed_section}
 {"".join(parts)}
 <section><h2>Null calibration</h2>{null.to_html(index=False, float_format=lambda v: f"{v:.4g}")}</section>
 <section><h2>Error back-mapping (wrong answers only,

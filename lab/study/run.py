@@ -12,12 +12,12 @@ import pandas as pd
 import interp
 from interp.relations import Relation, load_relations, lre_dir
 from interp.results import write_table
-from lab.world import from_world, load_world
+from lab.world import from_world, load_world, world_checkpoint_of
 
-from .finetune import FinetuneConfig
+from .config import StudyConfig
 from .labels import REAL_LABELS
 from .relations import QualifyRule, qualifying_relations
-from .study import Study, StudyConfig, StudyResult
+from .study import Study, StudyResult
 from .validate import StudyConfigError
 
 
@@ -35,8 +35,8 @@ def run_study(
 ) -> StudyResult:
     """Run (or resume) the study.
 
-    ``model``: ``"world"`` (or a world checkpoint directory) uses the world's relations, labels
-    and exact subject frequencies. Any other model (``"minilm"``, a directory, a hub name) is
+    ``model``: ``"world"`` (or a world checkpoint directory, or a handle loaded from one) uses the
+    world's relations, labels and exact subject frequencies. Any other model (``"minilm"``, a directory, a hub name) is
     studied on real facts: ``relations`` (Relation objects or paths to relation JSON files, LRE or
     project format), by default every shipped LRE relation; the ones that support the design
     (:mod:`lab.study.relations`, ``rule``) are kept, restricted to their qualifying answers, and
@@ -83,8 +83,9 @@ def make_study(
     handle = interp.load_model(model, backend=backend)
     frequency = trained = None
     source = "proxy: mean log-prob of subject tokens"
-    if _is_world(model):
-        world = load_world(None if str(model) == "world" else model)
+    checkpoint = world_checkpoint_of(model)
+    if checkpoint is not None:  # "world", a world checkpoint directory, or a handle loaded from one
+        world = load_world(checkpoint)
         names = [r if isinstance(r, str) else r.name for r in relations] if relations else None
         valid = [r.name for r in world.spec.relations]
         unknown = [n for n in names or [] if n not in valid]
@@ -141,9 +142,10 @@ def real_model_config(**overrides) -> StudyConfig:
     """The study's configuration for a pretrained model on LRE relations: the same design,
     stopping rule and statistics as the world's, with the label categories of
     :data:`lab.study.labels.REAL_LABELS`, a fine-tuning budget for relations of tens to hundreds
-    of subjects, learning rates for a pretrained transformer (full 3e-4: at the world's 1e-3
-    MiniLM's full fine-tunes diverged on 2 of 4 relations tried; LoRA 3e-3: at 5e-3 and 1e-2 every
-    LoRA fine-tune diverged), and robustness over two label assignments, two fine-tuning seeds
+    of subjects, a pretrained transformer's learning rates (resolved for the model,
+    :data:`lab.study.finetune.PRETRAINED_RATES`: full 3e-4, since at the world's 1e-3 MiniLM's
+    full fine-tunes diverged on 2 of 4 relations tried; LoRA 3e-3: at 5e-3 and 1e-2 every LoRA
+    fine-tune diverged), and robustness over two label assignments, two fine-tuning seeds
     and one other label category (the world study has three, three and three; this keeps the
     MiniLM study within 20 minutes on 2 cores)."""
     return replace(
@@ -152,7 +154,6 @@ def real_model_config(**overrides) -> StudyConfig:
             label_seeds=(0, 1),
             finetune_seeds=(0, 1),
             finetune_budget=(60, 150),
-            finetune=FinetuneConfig(lr=3e-4, lora_lr=3e-3),
         ),
         **overrides,
     )
@@ -164,6 +165,4 @@ def default_config(model) -> StudyConfig:
 
 
 def _is_world(model) -> bool:
-    if str(model) == "world":
-        return True
-    return isinstance(model, (str, Path)) and (Path(model) / "world_spec.json").exists()
+    return world_checkpoint_of(model) is not None

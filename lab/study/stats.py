@@ -144,7 +144,9 @@ def correlation_table(
         dict(analysis="pearson", **pearson(x, y, n_boot, n_perm, seed)),
         dict(analysis="spearman", **spearman(x, y)),
     ]
-    usable = [c for c in covariates if table[c].nunique() > 1]
+    # a partial correlation on one covariate needs n - 3 >= 1 degrees of freedom (fewer relations
+    # remain when fine-tunes failed: lab.study.failures); with fewer it is left out
+    usable = [c for c in covariates if table[c].nunique() > 1] if len(table) >= 4 else []
     for c in usable:
         rows.append(dict(analysis=f"partial:{c}", **partial(x, y, table[[c]])))
     if len(usable) > 1 and len(table) - 2 - len(usable) >= 1:

@@ -34,15 +34,16 @@ Every input is checked before the first forward pass (:mod:`lab.study.validate`)
 
 The study is a composition of stages (:mod:`lab.stages`), run into ``out_dir`` by one runner:
 
-====================  ==========================================  ===================================
-stage                 reads                                       writes
-====================  ==========================================  ===================================
-claim                 model fingerprint, relations, configuration ``study.json`` (or refuses the folder)
-readability           model, relations                            ``readability*.csv``, ``probe_readout.*``
-pretrained answers    model, relations, subject frequencies       ``pretrained.csv``, ``pretrained.parquet``
-fine-tune (per job)   model, relation, configuration, job         ``runs/<job id>.json``
-summary               every result above                          tables, ``summary.json``, report
-====================  ==========================================  ===================================
+=====================  ===========================================  ===============================================
+stage                  reads                                        writes
+=====================  ===========================================  ===============================================
+claim                  model fingerprint, relations, configuration  ``study.json`` (or refuses the folder)
+readability            model, relations                             ``readability*.csv``, ``probe_readout.*``
+pretrained answers     model, relations                             ``pretrained.csv``, ``pretrained.parquet``
+learning-rate check    model, first relation, configuration         ``lr_check_<method>.json`` (``lr_check=True``)
+fine-tune (per job)    model, relation, configuration, job          ``runs/<job id>.json``
+summary                the spec, every result above                 tables, ``summary.json``, report
+=====================  ===========================================  ===============================================
 
 Each result is written atomically as it is computed and reloaded instead of recomputed, so a
 killed study restarts where it stopped and gives the same numbers; a deleted job file redoes just
@@ -52,75 +53,37 @@ that job.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from interp.models import Model
 from interp.relations import Relation
 from interp.results import write_json
-from lab.stages import Runner, Task, digest
+from lab.stages import Runner, Task
 from lab.world.vocab import LABELS
 from probes.readability import best_layers
 
-from .design import Design, finetune_budget, per_answer
-from .finetune import FinetuneConfig
-from .jobs import FINETUNE, FinetuneJob, Job, design_for, shuffled_backmap_rates, wrong_top
+from .config import StudyConfig, StudySpec
+from .design import Design
+from .jobs import FINETUNE, FinetuneInputs, Job, shuffled_backmap_rates, wrong_top
+from .lr_check import GRIDS, LR_CHECK, LrCheckInputs, with_checked_rates
 from .readout import PRETRAINED, READABILITY, PretrainedInputs, Readability, ReadabilityInputs
-from .summary import summarize
+from .summary import write_summary
 from .validate import validate_study
 
-__all__ = ["Job", "Study", "StudyConfig", "StudyResult", "relation_digest", "shuffled_backmap_rates", "wrong_top"]
-
-
-@dataclass(frozen=True)
-class StudyConfig:
-    """Hyperparameters of a study (checked by :func:`lab.study.validate.validate_study`).
-
-    ``finetune_budget``: range of each relation's number of fine-tuning subjects (drawn per
-    relation, independent of its answers); ``n_finetune``: instead, a fixed number per answer
-    (then the number of fine-tuning subjects is ``n_finetune x #answers``, the same variable as
-    the number of answers). The default range, 150-300 of a world relation's 1,000 subjects, gives
-    5-10 per answer to a 30-answer relation; with 40-120 (the previous default) many answers had
-    2-3, too few for even a linear probe on the same subjects to generalize (the ablation row
-    "budget 40-120" measures it). ``n_null``: simulated null studies for the calibration table.
-    """
-
-    category: str = "animals"
-    other_categories: tuple[str, ...] = ("colours", "fruits", "instruments")
-    label_seeds: tuple[int, ...] = (0, 1, 2)
-    finetune_seeds: tuple[int, ...] = (0, 1, 2)
-    methods: tuple[str, ...] = ("full", "lora")
-    n_finetune: int | None = None
-    finetune_budget: tuple[int, int] = (150, 300)
-    min_per_answer: int = 2
-    split_seed: int = 0
-    folds: int = 5
-    probe_C: float = 1.0
-    fixed_layer: int | None = None  # default: n_layers // 2
-    top_k: int = 3
-    n_boot: int = 2000
-    n_perm: int = 2000
-    n_null: int = 2000
-    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
-
-    def to_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))
-
-    def digest(self) -> str:
-        return digest(self.to_dict())
-
-    def per_answer(self, relation: Relation) -> int:
-        """Fine-tuning subjects per answer for ``relation`` (see :mod:`lab.study.design`)."""
-        if self.n_finetune is not None:
-            return self.n_finetune
-        budget = finetune_budget(relation.name, *self.finetune_budget, seed=self.split_seed)
-        counts = Counter(dict(zip(relation.subjects, relation.answers)).values())
-        return per_answer(budget, len(counts), self.min_per_answer, cap=int(np.median(list(counts.values()))) // 2)
+__all__ = [
+    "Job",
+    "Study",
+    "StudyConfig",
+    "StudyResult",
+    "StudySpec",
+    "relation_digest",
+    "shuffled_backmap_rates",
+    "wrong_top",
+]
 
 
 def relation_digest(r: Relation) -> str:
@@ -135,6 +98,10 @@ class Study:
     ``(relation, subject) -> frequency``; default: the model's log-probability proxy.
     ``trained_tokens``: token ids the model was trained on (the world model: its corpus); a
     fine-tuning prompt or label using any other token is warned about before any work.
+    What the study is (model, relations, configuration, labels) is :attr:`spec`
+    (:class:`lab.study.config.StudySpec`), which the checks and the summary read; its
+    configuration has the learning rates resolved for the model
+    (:meth:`~lab.study.finetune.FinetuneConfig.for_model`).
     """
 
     def __init__(
@@ -149,23 +116,26 @@ class Study:
         progress: bool | None = None,
         trained_tokens: set[int] | None = None,
     ):
-        self.model = model
-        self.relations = {r.name: r for r in relations}
-        self.relation_list = list(relations)
+        self.spec = StudySpec(
+            model,
+            tuple(relations),
+            replace(config, finetune=config.finetune.for_model(model)),  # learning rates for this model
+            {k: tuple(v) for k, v in (labels or LABELS).items()},
+            frozenset(trained_tokens) if trained_tokens is not None else None,
+            frequency_source if subject_frequency is not None else model.scoring.frequency_source,
+        )
         self.out = Path(out_dir)
-        self.config = config
-
-        self.labels = {k: tuple(v) for k, v in (labels or LABELS).items()}
         self.subject_frequency = subject_frequency
-        self.frequency_source = frequency_source if subject_frequency is not None else model.scoring.frequency_source
         self.progress = progress
-        self.trained_tokens = trained_tokens
 
-    @property
-    def fixed_layer(self) -> int:
-        return self.config.fixed_layer if self.config.fixed_layer is not None else self.model.n_layers // 2
+    # what the study is (its spec) ------------------------------------------------------------
+    model = property(lambda self: self.spec.model)
+    config = property(lambda self: self.spec.config)
+    labels = property(lambda self: self.spec.labels)
+    relation_list = property(lambda self: list(self.spec.relations))
+    relations = property(lambda self: self.spec.by_name)
+    fixed_layer = property(lambda self: self.spec.fixed_layer)
 
-    # jobs ------------------------------------------------------------------------------------
     def jobs(self) -> list[Job]:
         c = self.config
         main_l, main_f = c.label_seeds[0], c.finetune_seeds[0]
@@ -178,8 +148,8 @@ class Study:
         return [Job(r, *s) for s in order for r in self.relations]
 
     def design(self, relation: Relation, category: str, label_seed: int) -> Design:
-        """The relation's relabelling and split (:func:`lab.study.jobs.design_for`)."""
-        return design_for(relation, self.labels, self.config, category, label_seed)
+        """The relation's relabelling and split (:func:`lab.study.config.design_for`)."""
+        return self.spec.design(relation, category, label_seed)
 
     # stages ----------------------------------------------------------------------------------
     def runner(self) -> Runner:
@@ -191,7 +161,7 @@ class Study:
             "config": self.config.to_dict(),
             "model": self.model.name,
             "fingerprint": self.model.fingerprint(),
-            "relations": {name: relation_digest(r) for name, r in sorted(self.relations.items())},
+            "relations": {r.name: relation_digest(r) for r in sorted(self.spec.relations, key=lambda r: r.name)},
         }
         runner.claim("study.json", meta, _differences, "study")
         (self.out / "runs").mkdir(exist_ok=True)
@@ -201,29 +171,37 @@ class Study:
         """The probe sweep on the pretrained model (computed once, then read back)."""
         c = self.config
         inputs = ReadabilityInputs(
-            self.model, tuple(self.relation_list), c.folds, c.probe_C, c.top_k, self.fixed_layer, self.progress
+            self.model, self.spec.relations, c.folds, c.probe_C, c.top_k, self.fixed_layer, self.progress
         )
         return runner.run(Task(READABILITY, inputs, "probe_readout.parquet"))
 
     def pretrained(self, runner: Runner) -> pd.DataFrame:
         """The pretrained model's answers and each subject's frequency (computed once, then read back)."""
-        frequencies = {r.name: tuple(self._frequencies(r)) for r in self.relation_list}
-        inputs = PretrainedInputs(self.model, tuple(self.relation_list), frequencies, self.progress)
+        inputs = PretrainedInputs(self.model, self.spec.relations, self.subject_frequency, self.progress)
         return runner.run(Task(PRETRAINED, inputs, "pretrained.parquet"))
 
-    def _frequencies(self, r: Relation) -> list[float]:
-        if self.subject_frequency is not None:
-            return [float(self.subject_frequency(r.name, s)) for s in r.subjects]
-        # a proxy for real models, by model family (interp.scoring: a causal LM's mean log-probability
-        # of the subject's tokens after its first; an encoder's word pieces per word)
-        return [self.model.scoring.frequency(s) for s in r.subjects]
+    def lr_check_task(self, method: str) -> Task:
+        """The learning-rate check of ``method`` on the first relation (:mod:`lab.study.lr_check`),
+        saved as ``lr_check_<method>.json``."""
+        inputs = LrCheckInputs(
+            self.model, self.spec.relations[0], self.config, self.labels, method, GRIDS[method], self.progress
+        )
+        return Task(LR_CHECK, inputs, f"lr_check_{method}.json")
 
-    def finetune_task(self, job: Job, readability: Readability, pretrained: pd.DataFrame, best_layer: int) -> Task:
-        """The fine-tune ``job`` as a task (:mod:`lab.study.jobs`), saved as ``runs/<job id>.json``."""
-        inputs = FinetuneJob(
+    def finetune_task(
+        self,
+        job: Job,
+        readability: Readability,
+        pretrained: pd.DataFrame,
+        best_layer: int,
+        config: StudyConfig | None = None,
+    ) -> Task:
+        """The fine-tune ``job`` as a task (:mod:`lab.study.jobs`), saved as ``runs/<job id>.json``;
+        ``config``: the study's, unless the learning-rate check changed its rates."""
+        inputs = FinetuneInputs(
             self.model,
             self.relations[job.relation],
-            self.config,
+            config or self.config,
             self.labels,
             job,
             _rows_of(readability.readout, job.relation, best_layer),
@@ -236,7 +214,7 @@ class Study:
     def validate(self) -> list[str]:
         """Check every input before any work (raises :class:`StudyConfigError` listing all
         problems); returns warnings (e.g. prompt tokens the model was never trained on)."""
-        return validate_study(self)
+        return validate_study(self.spec)
 
     def run(self, max_jobs: int | None = None, executor=None) -> StudyResult:
         """Run (or resume) the study; ``max_jobs`` stops after that many new fine-tunes (for
@@ -248,12 +226,16 @@ class Study:
         read = self.readability(runner)
         pretrained = self.pretrained(runner)
         best = best_layers(read.layers)
+        spec, checks = self.spec, {}
+        if spec.config.lr_check:  # each method's rate from its check, for every fine-tune
+            checks = {m: runner.run(self.lr_check_task(m)) for m in spec.config.methods}
+            spec = replace(spec, config=with_checked_rates(spec.config, checks))
         jobs = self.jobs()
-        tasks = [self.finetune_task(j, read, pretrained, best[j.relation]) for j in jobs]
+        tasks = [self.finetune_task(j, read, pretrained, best[j.relation], spec.config) for j in jobs]
         results = runner.map(tasks, executor=executor, desc="fine-tunes", labels=[j.id for j in jobs], limit=max_jobs)
         if any(r is None for r in results):
             return StudyResult(self.out, complete=False)
-        summarize(self, read.table, read.layers, read.readout, pretrained, results, best, notes)
+        write_summary(spec, self.out, read, pretrained, results, best, notes, lr_check=checks)
         return StudyResult(self.out, complete=True)
 
 

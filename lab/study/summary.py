@@ -10,6 +10,7 @@ inflated, by how much the null-calibration table shows.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,10 @@ import pandas as pd
 from interp.results import write_json, write_table
 
 from .backmap import backmap_summary, backmap_table
+from .config import StudySpec
+from .failures import failure_reason, failure_summary
 from .null import null_tables
+from .readout import Readability
 from .report import write_report
 from .stats import COVARIATES, correlation_table, pearson
 
@@ -33,12 +37,17 @@ HEADLINE = PAIRS[0]
 RAW = PAIRS[2]
 
 
-def relation_table(study, layers, pretrained, runs, best) -> pd.DataFrame:
-    c = study.config
+def relation_table(spec: StudySpec, layers, pretrained, runs, best, designed=None) -> pd.DataFrame:
+    """One row per relation: readability, pretrained accuracy, frequency, the main design (from
+    ``designed``: every fine-tune that ran, failed or not) and each method's outcome (from
+    ``runs``: the fine-tunes the statistics use; NaN for a relation whose fine-tune failed)."""
+    c = spec.config
+    designed = runs if designed is None else designed
     lay = layers.set_index(["relation", "layer"])
     rows = []
-    for name in study.relations:
-        b, f = best[name], study.fixed_layer
+    relations = spec.by_name
+    for name in relations:
+        b, f = best[name], spec.fixed_layer
         pre = pretrained[pretrained.relation == name]
         row = {
             "relation": name,
@@ -57,11 +66,11 @@ def relation_table(study, layers, pretrained, runs, best) -> pd.DataFrame:
             ),
             "subject_frequency": float(pre.subject_frequency.mean()),
         }
-        props = study.relations[name].properties
+        props = relations[name].properties
         for k in ("augment", "bio", "templates", "mentions", "derived_from"):
             if k in props:
                 row[k] = props[k]
-        main = runs[(name, c.methods[0], c.category, c.label_seeds[0], c.finetune_seeds[0])]
+        main = designed[(name, c.methods[0], c.category, c.label_seeds[0], c.finetune_seeds[0])]
         row.update(
             {
                 "n_answers": main["n_answers"],
@@ -73,13 +82,14 @@ def relation_table(study, layers, pretrained, runs, best) -> pd.DataFrame:
             }
         )
         for m in c.methods:
-            run = runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])]
+            key = (name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])
+            run = runs.get(key, {})
             row.update(
                 {
-                    f"generalization_{m}": run["generalization"],
-                    f"generalization_kappa_{m}": run["generalization_kappa"],
-                    f"train_accuracy_{m}": run["train_accuracy"],
-                    f"steps_{m}": run["steps"],
+                    f"generalization_{m}": run.get("generalization", np.nan),
+                    f"generalization_kappa_{m}": run.get("generalization_kappa", np.nan),
+                    f"train_accuracy_{m}": designed[key]["train_accuracy"],
+                    f"steps_{m}": designed[key]["steps"],
                 }
             )
         rows.append(row)
@@ -87,16 +97,24 @@ def relation_table(study, layers, pretrained, runs, best) -> pd.DataFrame:
 
 
 def _with_outcome(rel: pd.DataFrame, gen: dict) -> pd.DataFrame:
-    t = rel.copy()
+    """``rel``'s relations that have an outcome in ``gen`` (a fine-tune the statistics use), with it."""
+    t = rel[rel.relation.isin(list(gen))].copy()
     t["generalization"] = t.relation.map(lambda r: gen[r]["generalization"])
     t["generalization_kappa"] = t.relation.map(lambda r: gen[r]["generalization_kappa"])
     return t
 
 
-def robustness_table(study, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
+def _correlations(t: pd.DataFrame, x: str, y: str, c) -> list[dict]:
+    if len(t) < 3:  # a correlation needs 3 relations
+        why = f"undefined ({len(t)} relations with a fine-tune that learned; needs 3)"
+        return [dict(predictor=x, outcome=y, analysis="pearson", r=np.nan, p_value=np.nan, ci_method=why, n=len(t))]
+    return correlation_table(t, x, y, COVARIATES, c.n_boot, c.n_perm)
+
+
+def robustness_table(spec: StudySpec, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
     """r (kappa, and raw beside it) for each setting varied alone; which relations a seed cannot
     change (full fine-tuning on one batch is deterministic: every seed gives the same model)."""
-    c = study.config
+    c = spec.config
     m0 = c.methods[0]
     settings = [
         ("label assignment", f"label seed {l}", (m0, c.category, l, c.finetune_seeds[0])) for l in c.label_seeds
@@ -111,7 +129,7 @@ def robustness_table(study, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
     settings += [("method", m, (m, c.category, c.label_seeds[0], c.finetune_seeds[0])) for m in c.methods]
     rows = []
     for varied, name, key in settings:
-        have = [r for r in study.relations if (r, *key) in runs]
+        have = [r for r in spec.by_name if (r, *key) in runs]
         invariant = (
             sorted(r for r in have if runs[(r, *key)].get("full_batch") and key[0] == "full")
             if varied == "fine-tuning seed"
@@ -187,21 +205,52 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
     return stats, summary
 
 
-def missing_covariates(study, rel: pd.DataFrame) -> dict[str, str]:
+def missing_covariates(spec: StudySpec, rel: pd.DataFrame) -> dict[str, str]:
     """Covariates undefined for this model (left out of the partial correlations), with the reason."""
     out = {}
     for c in COVARIATES:
         if c in rel and rel[c].isna().all():
             out[c] = (
-                study.model.scoring.answers_undefined if c == "pretrained_accuracy" else None
+                spec.model.scoring.answers_undefined if c == "pretrained_accuracy" else None
             ) or "undefined for this model"
     return out
 
 
-def summarize(study, readability, layers, readout, pretrained, results, best, notes=()) -> None:
-    out, c = study.out, study.config
-    done = [r for r in results if r["status"] == "done"]
-    runs = {(r["relation"], r["method"], r["category"], r["label_seed"], r["finetune_seed"]): r for r in done}
+def _run_key(r: dict) -> tuple:
+    return (r["relation"], r["method"], r["category"], r["label_seed"], r["finetune_seed"])
+
+
+def classified(record: dict, min_train_kappa: float) -> dict:
+    """A job's record, marked ``status: failed`` with the reason when its fine-tune did not learn
+    (:func:`lab.study.failures.failure_reason`)."""
+    if record["status"] != "done":
+        return record
+    reason = failure_reason(record, min_train_kappa)
+    return {**record, "status": "failed", "reason": reason} if reason else record
+
+
+def write_summary(
+    spec: StudySpec,
+    out: Path,
+    readability: Readability,
+    pretrained: pd.DataFrame,
+    results: list[dict],
+    best: dict[str, int],
+    notes: Sequence[str] = (),
+    lr_check: dict | None = None,
+) -> None:
+    """The study's tables, ``summary.json`` and report in ``out``, from the results of its stages:
+    the probe sweep (``readability``), the pretrained answers, every fine-tune's record
+    (``results``), each relation's best layer and the learning-rate checks (``lr_check``, by
+    method, when the study ran them). Fine-tunes that did not learn are marked failed
+    (:mod:`lab.study.failures`) and left out of the statistics unless ``keep_failed``."""
+    c, names = spec.config, list(spec.by_name)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = [classified(r, c.min_train_kappa) for r in results]
+    done = [r for r in results if r["status"] == "done" or (c.keep_failed and r["status"] == "failed")]
+    runs = {_run_key(r): r for r in done}
+    designed = {_run_key(r): r for r in results if r["status"] in ("done", "failed")}
     finetunes = pd.DataFrame([{k: v for k, v in r.items() if k not in ("predictions", "mapping")} for r in results])
     preds = pd.DataFrame(
         [
@@ -218,19 +267,23 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
             for p in r["predictions"]
         ]
     )
-    rel = relation_table(study, layers, pretrained, runs, best)
+    rel = relation_table(spec, readability.layers, pretrained, runs, best, designed)
     m0 = c.methods[0]
+
+    def main_key(name, m):
+        return (name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])
 
     stats_rows = []
     for m in c.methods:
-        gen = {name: runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])] for name in study.relations}
-        t = _with_outcome(rel, gen)
+        t = _with_outcome(rel, {name: runs[main_key(name, m)] for name in names if main_key(name, m) in runs})
         for x, y in PAIRS:
-            stats_rows += [dict(method=m, **row) for row in correlation_table(t, x, y, COVARIATES, c.n_boot, c.n_perm)]
+            stats_rows += [dict(method=m, **row) for row in _correlations(t, x, y, c)]
     stats = pd.DataFrame(stats_rows)
 
-    null = null_tables(rel, preds, c.to_dict(), c.n_null, c.split_seed)
-    rob = robustness_table(study, rel, runs)
+    # the null calibration simulates the relations whose main fine-tunes (every method) are used
+    complete = [name for name in names if all(main_key(name, m) in runs for m in c.methods)]
+    null = null_tables(rel[rel.relation.isin(complete)], preds, c.to_dict(), c.n_null, c.split_seed)
+    rob = robustness_table(spec, rel, runs)
     unique_r = rob.drop_duplicates("key").r
 
     # error back-mapping, over the main runs of every method
@@ -240,11 +293,7 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
         & (preds.finetune_seed == c.finetune_seeds[0])
     ]
     errors = main[~main.correct.astype(bool)]
-    main_runs = {
-        (m, name): runs[(name, m, c.category, c.label_seeds[0], c.finetune_seeds[0])]
-        for m in c.methods
-        for name in study.relations
-    }
+    main_runs = {(m, name): runs[main_key(name, m)] for m in c.methods for name in names if main_key(name, m) in runs}
     backmap = backmap_table(errors, dict(zip(rel.relation, rel.n_answers)), c.top_k, main_runs)
 
     def analyses(predictor, outcome):
@@ -259,8 +308,8 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
         }
 
     summary = {
-        "model": study.model.name,
-        "n_relations": len(study.relations),
+        "model": spec.model.name,
+        "n_relations": len(names),
         "methods": list(c.methods),
         "headline": {
             "method": m0,
@@ -291,18 +340,29 @@ def summarize(study, readability, layers, readout, pretrained, results, best, no
             "n_finetune_subjects_vs_n_answers_r": float(np.corrcoef(rel.n_finetune_subjects, rel.n_answers)[0, 1])
             if rel.n_finetune_subjects.nunique() > 1 and rel.n_answers.nunique() > 1
             else float("nan"),
-            "missing": missing_covariates(study, rel),
+            "missing": missing_covariates(spec, rel),
         },
-        "scoring": study.model.scoring.kind,
+        "scoring": spec.model.scoring.kind,
         "train_accuracy": {m: float(rel[f"train_accuracy_{m}"].mean()) for m in c.methods},
         "generalization": {m: float(rel[f"generalization_{m}"].mean()) for m in c.methods},
         "generalization_kappa": {m: float(rel[f"generalization_kappa_{m}"].mean()) for m in c.methods},
         "mean_readability_best": float(rel.readability_best.mean()),
         "mean_readability_best_kappa": float(rel.readability_best_kappa.mean()),
         "skipped_jobs": [{"job": r["job"], "reason": r["reason"]} for r in results if r["status"] == "skipped"],
+        "failed_jobs": failure_summary(results, c),
+        "learning_rates": {"full": c.finetune.lr, "lora": c.finetune.lora_lr},
+        "lr_check": {
+            m: {
+                "chosen": v["chosen"],
+                "relation": v["relation"],
+                "tried": [{k: t[k] for k in ("lr", "learned", "reason", "train_kappa", "steps")} for t in v["tried"]],
+            }
+            for m, v in (lr_check or {}).items()
+        }
+        or None,
         "untrained_prompt_tokens": list(notes),
-        "frequency_covariate": study.frequency_source,
-        "fixed_layer": study.fixed_layer,
+        "frequency_covariate": spec.frequency_source,
+        "fixed_layer": spec.fixed_layer,
         "config": c.to_dict(),
     }
     stats, summary = apply_null(stats, null, summary)

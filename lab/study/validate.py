@@ -17,6 +17,8 @@ import warnings
 from interp.relations import RelationError
 from interp.trainable import lora_targets
 
+from .config import StudySpec
+
 #: the fewest relations for which every statistic the study reports is defined (a partial
 #: correlation with one covariate needs n - 3 >= 1 degrees of freedom)
 MIN_RELATIONS = 4
@@ -46,8 +48,8 @@ def template_problem(template: str) -> str | None:
     return None
 
 
-def _config_problems(study) -> list[str]:
-    c, labels, n_layers = study.config, study.labels, study.model.n_layers
+def _config_problems(spec: StudySpec) -> list[str]:
+    c, labels, n_layers = spec.config, spec.labels, spec.model.n_layers
     out = []
     cats = ", ".join(sorted(labels))
     if c.category not in labels:
@@ -88,7 +90,7 @@ def _config_problems(study) -> list[str]:
         out.append(f"probe_C={c.probe_C}: the inverse regularization strength must be positive")
     if c.fixed_layer is not None and not 0 <= c.fixed_layer < n_layers:
         out.append(
-            f"fixed_layer={c.fixed_layer}: model {study.model.name!r} has layers 0 to {n_layers - 1}; "
+            f"fixed_layer={c.fixed_layer}: model {spec.model.name!r} has layers 0 to {n_layers - 1}; "
             f"choose one of them or None (the middle layer, {n_layers // 2})"
         )
     if c.top_k < 1:
@@ -100,8 +102,8 @@ def _config_problems(study) -> list[str]:
     problem = template_problem(f.template)
     if problem:
         out.append(problem)
-    for name in ("lr", "lora_lr"):
-        if getattr(f, name) <= 0:
+    for name in ("lr", "lora_lr"):  # None: resolved for the model (lab.study.finetune)
+        if getattr(f, name) is not None and getattr(f, name) <= 0:
             out.append(f"finetune.{name}={getattr(f, name)}: the learning rate must be positive")
     for name in ("max_steps", "check_every", "batch_size", "lora_r", "lora_alpha"):
         if getattr(f, name) < 1:
@@ -110,14 +112,14 @@ def _config_problems(study) -> list[str]:
         out.append(f"finetune.weight_decay={f.weight_decay}: must be at least 0")
     if "lora" in c.methods:
         try:
-            lora_targets(study.model.model_type)
+            lora_targets(spec.model.model_type)
         except ValueError as err:
             out.append(str(err))
     return out
 
 
-def _relation_problems(study, min_relations: int = MIN_RELATIONS) -> list[str]:
-    c, rels = study.config, study.relation_list
+def _relation_problems(spec: StudySpec, min_relations: int = MIN_RELATIONS) -> list[str]:
+    c, rels = spec.config, spec.relations
     out = []
     if len(rels) < min_relations:
         out.append(
@@ -128,7 +130,7 @@ def _relation_problems(study, min_relations: int = MIN_RELATIONS) -> list[str]:
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         out.append(f"relations {dup} are given more than once")
-    if c.category not in study.labels:
+    if c.category not in spec.labels:
         return out
     for r in rels:
         if "/" in r.name or "__" in r.name or not r.name.strip():
@@ -148,40 +150,36 @@ def _relation_problems(study, min_relations: int = MIN_RELATIONS) -> list[str]:
                 "cannot be cross-validated; lower folds or add subjects"
             )
         try:
-            study.design(r, c.category, c.label_seeds[0] if c.label_seeds else 0)
+            spec.design(r, c.category, c.label_seeds[0] if c.label_seeds else 0)
         except (RelationError, ValueError) as err:
             out.append(str(err))
     return out
 
 
-def untrained_tokens(study) -> list[str]:
+def untrained_tokens(spec: StudySpec) -> list[str]:
     """Tokens of the fine-tuning template and of the labels that the model was never trained on."""
-    tok, c = study.model.tokenizer, study.config
+    tok, c, trained = spec.model.tokenizer, spec.config, spec.trained_tokens
     texts = [("template", c.finetune.template.replace("{}", "").strip())]
-    for cat in sorted({c.category, *c.other_categories} & set(study.labels)):
-        texts += [(f"{cat} label", w) for w in study.labels[cat]]
+    for cat in sorted({c.category, *c.other_categories} & set(spec.labels)):
+        texts += [(f"{cat} label", w) for w in spec.labels[cat]]
     unk = getattr(tok, "unk_token_id", None)
     out = []
     for where, text in texts:
         ids = tok(" " + text, add_special_tokens=False)["input_ids"]
-        bad = [
-            i
-            for i in ids
-            if (unk is not None and i == unk) or (study.trained_tokens is not None and i not in study.trained_tokens)
-        ]
+        bad = [i for i in ids if (unk is not None and i == unk) or (trained is not None and i not in trained)]
         if bad:
             out.append(f"{where} ({text!r}): {len(bad)} unknown or untrained token(s) {tok.convert_ids_to_tokens(bad)}")
     return out
 
 
-def validate_study(study, min_relations: int = MIN_RELATIONS) -> list[str]:
+def validate_study(spec: StudySpec, min_relations: int = MIN_RELATIONS) -> list[str]:
     """Raise :class:`StudyConfigError` listing every invalid input; return (and warn about)
     tokens of prompts and labels that the model was never trained on. ``min_relations``: fewer is
     an error (a correlation across relations; an intervention on one relation needs 1)."""
-    problems = _config_problems(study) + _relation_problems(study, min_relations)
+    problems = _config_problems(spec) + _relation_problems(spec, min_relations)
     if problems:
         raise StudyConfigError(problems)
-    notes = untrained_tokens(study)
+    notes = untrained_tokens(spec)
     if notes:
         warnings.warn(
             "fine-tuning prompts or labels use tokens the model was never trained on (their embeddings are "

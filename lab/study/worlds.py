@@ -9,6 +9,7 @@ is copied from it instead of pretrained (:func:`shipped_checkpoint`), unless ``r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -21,20 +22,36 @@ from lab.world.checkpoint import shipped_world_checkpoints
 
 
 def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Path | None:
-    """The shipped checkpoint trained on exactly this world with exactly this recipe, if any."""
+    """The shipped checkpoint trained on exactly this world with exactly this recipe (the thread
+    count aside: how it ran, not what), if any."""
+    recipe = _recipe(asdict(train))
     for root in shipped_world_checkpoints():
         same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec
-        if same_spec and json.loads((root / "train_config.json").read_text()) == asdict(train):
+        if same_spec and _recipe(json.loads((root / "train_config.json").read_text())) == recipe:
             return root
     return None
 
 
+def _recipe(train: dict) -> dict:
+    return {k: v for k, v in train.items() if k != "threads"}
+
+
+def weights_digest(checkpoint: Path | None) -> str | None:
+    """A SHA-256 of a checkpoint's ``model.safetensors`` (None for none): keys a step that reads it."""
+    if checkpoint is None:
+        return None
+    return hashlib.sha256((Path(checkpoint) / "model.safetensors").read_bytes()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class WorldInputs:
+    """A world and a recipe; ``retrain``: pretrain even when the checkpoint is shipped (keyed: a
+    copied and a retrained model are different results)."""
+
     spec: WorldSpec
     train: TrainConfig
     folder: Path = field(metadata=WHERE)
-    retrain: bool = field(default=False, metadata=WHERE)
+    retrain: bool = False
     progress: bool | None = field(default=None, metadata=DERIVED)
 
 
@@ -50,9 +67,14 @@ class Checkpoint:
 
 def pretrain(inputs: WorldInputs) -> Checkpoint:
     shipped = None if inputs.retrain else shipped_checkpoint(inputs.spec, inputs.train)
-    if shipped is not None:  # a shipped model is this world with this recipe: reuse it
-        shutil.copytree(shipped, inputs.folder, dirs_exist_ok=True)
-        return Checkpoint(inputs.folder, shipped=True)
+    if shipped is not None:  # a shipped model is this world with this recipe: copy it (whole, or not at all)
+        folder = Path(inputs.folder)
+        tmp = folder.with_name(folder.name + ".copying")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(shipped, tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return Checkpoint(folder, shipped=True)
     start = time.time()
     train_world_model(inputs.spec, inputs.folder, inputs.train, progress=inputs.progress)
     return Checkpoint(inputs.folder, (time.time() - start) / 60)

@@ -1,6 +1,6 @@
 """Synthetic knowledge worlds and the small LM the project pretrains on one (the embedded default)."""
 
-from .checkpoint import default_checkpoint_dir, load_world
+from .checkpoint import default_checkpoint_dir, load_world, world_checkpoint_of
 from .relations import from_world
 from .spec import KNOBS, RelationSpec, WorldSpec, WorldSpecError, default_spec
 from .tokenizer import build_tokenizer
@@ -20,4 +20,5 @@ __all__ = [
     "default_spec",
     "load_world",
     "train_world_model",
+    "world_checkpoint_of",
 ]

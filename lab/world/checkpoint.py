@@ -29,6 +29,19 @@ def load_world(path: str | Path | None = None) -> World:
     return World.generate(WorldSpec.from_json((root / "world_spec.json").read_text()))
 
 
+def world_checkpoint_of(model) -> Path | None:
+    """The world checkpoint directory ``model`` is: ``"world"``, a directory with a
+    ``world_spec.json``, or a model handle loaded from one (``interp.load_model("world")``); None
+    for any other model."""
+    if isinstance(model, str) and model == "world":
+        return default_checkpoint_dir()
+    source = model if isinstance(model, (str, Path)) else getattr(model, "source", None)
+    if source is None or not isinstance(source, (str, Path)):
+        return None
+    root = Path(source)
+    return root if (root / "world_spec.json").exists() else None
+
+
 def shipped_world_checkpoints() -> list[Path]:
     """The world checkpoints shipped with the package: the embedded model and the causal test's
     plain world (those present)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +25,7 @@ import torch
 
 from interp.results import write_json, write_table, write_text
 from interp.training import TrainingLoop, seed_torch
+from lab.stages import WHERE
 
 from .spec import WorldSpec
 from .tokenizer import build_tokenizer
@@ -43,7 +44,8 @@ class TrainConfig:
     warmup: int = 200
     weight_decay: float = 0.01
     seed: int = 0
-    threads: int = 2
+    #: torch threads: how the step runs, not what it computes (not keyed; results equal in all but the last digits)
+    threads: int = field(default=2, metadata=WHERE)
     pack: str = "documents"  # or "stream"
 
 

@@ -85,7 +85,7 @@ from probes.readability import probe_kappa
 
 from .arms import erasing, fit_erasers, relation_seed, states
 from .experiment import InterventionConfig, Interventions
-from .report import across_relations, figures, section, summarize, write_report
+from .report import across_relations, figures, relations_summary, section, write_report
 from .steering import steering
 
 __all__ = [
@@ -98,10 +98,10 @@ __all__ = [
     "figures",
     "fit_erasers",
     "probe_kappa",
+    "relations_summary",
     "relation_seed",
     "section",
     "states",
     "steering",
-    "summarize",
     "write_report",
 ]

@@ -30,9 +30,9 @@ from probes.chance import kappa
 from probes.erasure import Eraser, erased_probe_kappa, fit_leace, leftover, random_subspace
 from probes.readability import probe_kappa
 
+from ..config import design_for
 from ..design import Design
 from ..finetune import finetune
-from ..jobs import design_for
 
 
 def relation_seed(seed: int, relation: str) -> int:
@@ -261,7 +261,9 @@ def erasure_rows(s: Setup, records: dict[str, dict], n_boot: int, seed: int) -> 
 def bootstrap_excess(truth, leace, randoms, n_boot: int, seed: int) -> tuple[float, float]:
     """95% bootstrap CI of ``mean_j kappa(random_j) - kappa(leace)``, resampling held-out subjects
     (paired across arms) and the random draws. It does not cover the spread between fine-tuning
-    seeds of the LEACE arm; the test across relations (:func:`.report.summarize`) does."""
+    seeds of the LEACE arm; the test across relations (:func:`.report.relations_summary`) does.
+    (Its statistic is a kappa, not a mean, so it resamples here rather than through
+    :func:`interp.resampling.resampled_means`; the interval is :mod:`interp.resampling`'s.)"""
     rng = np.random.default_rng(seed)
     truth, leace = np.asarray(truth), np.asarray(leace)
     randoms = [np.asarray(x) for x in randoms]

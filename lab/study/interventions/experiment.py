@@ -15,12 +15,12 @@ from interp.results import write_json, write_table
 from lab.stages import Task
 from probes.readability import best_layers
 
+from ..config import StudyConfig
 from ..run import default_config, make_study
-from ..study import StudyConfig
 from ..validate import validate_study
 from . import arms
 from .arms import ARM, ArmInputs, arm_path, erasure_rows, relation_seed
-from .report import summarize, write_report
+from .report import relations_summary, write_report
 from .steering import STEERING, SteeringInputs, steering_row
 
 
@@ -82,7 +82,7 @@ class Interventions:
                 "an intervention at the subject must act before the last block (whose output at the subject "
                 "reaches no other token): the model needs at least 2 layers"
             )
-        validate_study(self.study, min_relations=1)  # one relation can be intervened on; correlations need 3
+        validate_study(self.study.spec, min_relations=1)  # one relation can be intervened on; correlations need 3
         runner = self.study.runner()  # the same model, relations and study configuration, or refuse
         runner.claim("interventions_config.json", self.config.to_dict(), _differences, "interventions run")
         if self.qualification is not None:
@@ -99,7 +99,7 @@ class Interventions:
             arm_rows += a
             steer_rows += s
         table = pd.DataFrame(rows)
-        summary = summarize(table, self.config, self.model.name, self.study.config.finetune.template)
+        summary = relations_summary(table, self.config, self.model.name, self.study.config.finetune.template)
         write_table(table, self.out / "interventions.csv")
         write_table(pd.DataFrame(arm_rows), self.out / "arms.csv")
         write_table(pd.DataFrame(steer_rows), self.out / "steering.csv")

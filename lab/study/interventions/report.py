@@ -1,6 +1,6 @@
 """The interventions' results across relations, their figures and their page.
 
-- :func:`summarize`: means over relations; the excess drop, its shuffled-control twin and the
+- :func:`relations_summary`: means over relations; the excess drop, its shuffled-control twin and the
   steering excess each with a bootstrap CI over relations and a sign-flip p
   (:func:`across_relations`, :mod:`interp.resampling`); whether they grow with readability
   (Pearson r, :mod:`lab.study.stats`);
@@ -42,7 +42,7 @@ def across_relations(values: Sequence[float], n_boot: int, seed: int) -> dict:
     }
 
 
-def summarize(table: pd.DataFrame, config, model: str, template: str) -> dict:
+def relations_summary(table: pd.DataFrame, config, model: str, template: str) -> dict:
     """Across relations: means with CIs over relations, and whether the excess drop and the
     steering excess grow with readability."""
 
