@@ -128,7 +128,11 @@ def study(
     ),
     methods: str = typer.Option("full,lora", help="comma-separated: full, lora"),
     quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
-    executor: str = typer.Option("serial", help="serial, or ray (a local Ray cluster, or RAY_ADDRESS's)"),
+    executor: str = typer.Option(
+        "serial",
+        help="serial; processes (2 local processes, 1 thread each: 1.6x the fine-tune steps of the world model "
+        "on 2 cores, benchmarks/finetunes.py); or ray (a local Ray cluster, or RAY_ADDRESS's)",
+    ),
 ):
     """Run (or resume) the generalization study; writes tables, figures and report.html."""
     if ctx.invoked_subcommand is not None:

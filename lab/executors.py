@@ -261,11 +261,14 @@ def _gather(finished, n: int, get, on_result, labels, bar) -> list:
 
 
 def executor_for(spec) -> Executor:
-    """An executor from ``None``/``"serial"``, ``"ray"`` or an Executor."""
+    """An executor from ``None``/``"serial"``, ``"processes"`` (two local processes, one thread
+    each), ``"ray"`` or an Executor."""
     if spec is None or spec == "serial":
         return SerialExecutor()
+    if spec == "processes":
+        return ProcessExecutor()
     if spec == "ray":
         return RayExecutor()
     if isinstance(spec, Executor):
         return spec
-    raise ValueError(f"unknown executor {spec!r}; use 'serial', 'ray' or an Executor instance")
+    raise ValueError(f"unknown executor {spec!r}; use 'serial', 'processes', 'ray' or an Executor instance")

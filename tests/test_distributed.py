@@ -71,6 +71,16 @@ def test_ray_study_equals_serial(ray_cluster, serial_study, tmp_path):
     _assert_same(_tables(serial_study), _tables(tmp_path))
 
 
+def test_a_study_in_local_processes_equals_serial(serial_study, tmp_path):
+    """``executor="processes"``: two spawned processes, one thread each (the serial study's
+    thread count), each loading the model again by reference; the same tables."""
+    from lab.study import run_study
+
+    result = run_study("world", RELATIONS, out=tmp_path, config=_config(), progress=False, executor="processes")
+    assert result.complete
+    _assert_same(_tables(serial_study), _tables(tmp_path))
+
+
 @pytest.mark.slow
 def test_the_thread_count_changes_only_the_last_digits_of_losses(serial_study, tmp_path):
     """Same commit, same machine, another thread count: float reductions change order, so the
