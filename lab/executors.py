@@ -184,9 +184,10 @@ class ProcessExecutor(Executor):
     overhead, which threads do not share out). Jobs and their function must be picklable.
 
     A worker process that dies (killed, out of memory, a crash in native code) breaks the pool it
-    belongs to, and every job still in that pool with it. Those jobs are run again, each in a
-    process of its own (``workers`` at a time), so that the job that kills its process fails
-    alone (reported with the others) and the rest finish."""
+    belongs to, and every job still in that pool with it (queued ones too). Those jobs are run
+    again in a fresh pool (a one-off death costs one restart); if that pool breaks as well, each
+    job left is run in a process of its own (``workers`` at a time), so that the job that kills
+    its process fails alone (reported with the others) and the rest finish."""
 
     name = "process"
 
@@ -207,15 +208,22 @@ class ProcessExecutor(Executor):
         bar = progress_bar(total=len(items), desc=f"{desc} (processes)", unit="jobs", progress=self.progress)
         broken: list[int] = []
 
-        def finished():
+        def shared(todo: list[int]):
             with self._pool(self.workers) as pool:
-                futures = {self._submit(pool, fn, items[i], labels[i]): i for i in range(len(items))}
+                futures = {self._submit(pool, fn, items[i], labels[i]): i for i in todo}
                 for f in as_completed(futures):
                     if isinstance(f.exception(), BrokenProcessPool):
                         broken.append(futures[f])  # an innocent bystander, or the job that died
                     else:
                         yield futures[f], f
-            for start in range(0, len(broken), self.workers):  # again, each in a process of its own
+
+        def finished():
+            yield from shared(list(range(len(items))))
+            if broken:  # once more in a fresh pool
+                again = sorted(broken)
+                broken.clear()
+                yield from shared(again)
+            for start in range(0, len(broken), self.workers):  # still dying: each in a process of its own
                 pools = {i: self._pool(1) for i in broken[start : start + self.workers]}
                 futures = {self._submit(pool, fn, items[i], labels[i]): i for i, pool in pools.items()}
                 for f in as_completed(futures):

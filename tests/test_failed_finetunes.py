@@ -93,31 +93,49 @@ def test_failed_finetunes_are_excluded_and_reported(finished_study, tmp_path):
     assert rel.loc["continent", "n_answers"] > 0  # the design of a failed fine-tune is still reported
     preds = pd.read_csv(out / "predictions.csv")
     assert not set(plants) & set(preds.job)
+    assert summary["headline"]["with_failed_kept"]["failed_relations"] == ["continent"]
+    assert summary["headline"]["with_failed_kept"]["n"] == 4
+    null = pd.read_csv(out / "null_calibration.csv")
+    assert set(null.method) == {"full", "lora"}  # each method simulated on its own 3 relations
     page = (out / "report.html").read_text()
     assert "Failed fine-tunes (2 of 16, left out)" in page and "NaN or infinite at step 3" in page
     assert page.index("2 of 16 fine-tunes failed") < page.index("Pearson r between")  # said first
 
 
-def test_failed_finetunes_can_be_kept(finished_study, tmp_path):
-    from lab.stages import Runner
+def test_failed_finetunes_can_be_kept_without_refitting(finished_study, tmp_path):
+    """keep_failed (like the resampling counts) is read by the summary alone: the same folder
+    accepts it, nothing is refitted, and the failed fine-tunes are counted."""
     from lab.study.run import make_study
-    from lab.study.summary import write_summary
-    from probes.readability import best_layers
 
     out, plants = _planted(finished_study, tmp_path)
-    keep = replace(SMALL_STUDY, keep_failed=True)
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")}
+    keep = replace(SMALL_STUDY, keep_failed=True, n_null=150)
     study, _ = make_study("world", STUDY_RELATIONS, out, keep, progress=False)
-    runner = Runner(out)
-    read, pretrained = study.readability(runner), study.pretrained(runner)
-    results = [json.loads((out / "runs" / f"{j.id}.json").read_text()) for j in study.jobs()]
-    kept = shutil.copytree(out, tmp_path / "kept")  # the figures read the sweep's tables beside the summary
-    write_summary(study.spec, kept, read, pretrained, results, best_layers(read.layers))
-    ft = pd.read_csv(tmp_path / "kept" / "finetunes.csv")
+    assert study.run().complete
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*.json")} == before  # nothing refitted
+    ft = pd.read_csv(out / "finetunes.csv")
     assert (ft.status == "failed").sum() == 2  # still marked
-    stats = pd.read_csv(tmp_path / "kept" / "stats.csv")
+    stats = pd.read_csv(out / "stats.csv")
     pear = stats[(stats.analysis == "pearson") & (stats.predictor == "readability_best_kappa")]
     assert (pear.n == 4).all()  # but counted
-    assert not json.loads((tmp_path / "kept" / "summary.json").read_text())["failed_jobs"]["excluded_from_statistics"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert not summary["failed_jobs"]["excluded_from_statistics"] and summary["null_calibration"]["n_sim"] == 150
+
+
+def test_a_study_whose_every_finetune_failed_still_reports(finished_study, tmp_path):
+    from lab.study.run import make_study
+
+    out = tmp_path / "study"
+    shutil.copytree(finished_study[0], out)
+    for path in (out / "runs").glob("*.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "train_kappa": 0.0, "train_accuracy": 0.3}))
+    study, _ = make_study("world", STUDY_RELATIONS, out, SMALL_STUDY, progress=False)
+    assert study.run().complete
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed_jobs"]["n_failed"] == 16 and summary["failed_jobs"]["warning"].startswith("16 of 16")
+    assert math.isnan(summary["headline"]["pearson"]["r"])  # undefined, not a number from failed fine-tunes
+    assert summary["headline"]["with_failed_kept"]["n"] == 4  # what they would have said
+    assert "16 of 16 fine-tunes failed" in (out / "report.html").read_text()
 
 
 def test_learning_rates_resolve_per_model_unless_set(model_dirs):
@@ -150,9 +168,8 @@ def test_the_learning_rate_check_keeps_the_largest_rate_that_learns():
     from lab.study.run import make_study
 
     study, _ = make_study("world", STUDY_RELATIONS, "unused", SMALL_STUDY, progress=False)
-    inputs = LrCheckInputs(
-        interp.load_model("world"), study.spec.relations[0], study.config, study.labels, "full", (1e4, 1e-3, 1e-4)
-    )
+    model, relation, grid = interp.load_model("world"), study.spec.relations[0], (1e4, 1e-3, 1e-4)
+    inputs = LrCheckInputs(model, relation, study.config, study.labels, "full", grid, min_train_kappa=0.2)
     check = check_learning_rate(inputs)
     assert [t["lr"] for t in check["tried"]] == [1e4, 1e-3]  # largest first, stopped at the first that learned
     assert not check["tried"][0]["learned"] and check["tried"][0]["reason"]

@@ -280,6 +280,8 @@ def measure_variant(inputs: VariantInputs) -> dict:
         "r": pearson.get("r"),
         "r_p_monte_carlo": pearson.get("p_monte_carlo"),
         "method": m,
+        # fine-tunes that did not learn (lab.study.failures): generalization above is over the others
+        "failed_finetunes": (result.summary.get("failed_jobs") or {}).get("n_failed", 0),
     }
     rel_rows = [
         {

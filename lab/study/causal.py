@@ -145,12 +145,17 @@ def causal_test(
 
 def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: int = 0, n_perm: int = 20000) -> dict:
     """Mean(treated) - mean(control), with a percentile bootstrap CI resampling relations within
-    each group, and a two-sided permutation p-value (group labels shuffled across relations)."""
+    each group, and a two-sided permutation p-value (group labels shuffled across relations).
+    Relations without a value (a fine-tune that failed in either world: :mod:`lab.study.failures`)
+    are left out, and ``n_dropped`` says how many."""
     rng = np.random.default_rng(seed)
     treated, control = np.asarray(treated, float), np.asarray(control, float)
-    est = float(np.mean(treated) - np.mean(control))
+    dropped = int((~np.isfinite(treated)).sum() + (~np.isfinite(control)).sum())
+    treated, control = treated[np.isfinite(treated)], control[np.isfinite(control)]
+    extra = {"n_dropped": dropped} if dropped else {}
+    est = float(np.mean(treated) - np.mean(control)) if len(treated) and len(control) else float("nan")
     if len(treated) < 2 or len(control) < 2:
-        return {"estimate": est, "ci_low": float("nan"), "ci_high": float("nan"), "p_value": float("nan")}
+        return {"estimate": est, "ci_low": float("nan"), "ci_high": float("nan"), "p_value": float("nan"), **extra}
     bt = resampled_means(treated, bootstrap_indices(rng, len(treated), n_boot))
     bc = resampled_means(control, bootstrap_indices(rng, len(control), n_boot))
     low, high = percentile_interval(bt - bc, ci)
@@ -159,7 +164,7 @@ def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: in
     nt = len(treated)
     diffs = pooled[perms[:, :nt]].mean(1) - pooled[perms[:, nt:]].mean(1)
     p = float((1 + np.sum(np.abs(diffs) >= abs(est) - 1e-12)) / (n_perm + 1))
-    return {"estimate": est, "ci_low": low, "ci_high": high, "p_value": p}
+    return {"estimate": est, "ci_low": low, "ci_high": high, "p_value": p, **extra}
 
 
 def _means(df: pd.DataFrame) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -19,6 +19,15 @@ from lab.stages import digest
 
 from .design import Design, finetune_budget, make_design, per_answer
 from .finetune import FinetuneConfig
+
+#: ``field(metadata=SUMMARY_ONLY)``: a setting only the summary reads (resampling counts, how failed
+#: fine-tunes are treated): not part of any stage's key, and a folder is not refused for it, so
+#: that changing it recomputes the summary from the saved fine-tunes instead of refitting them
+SUMMARY_ONLY = {"digest": False, "summary_only": True}
+
+
+def summary_only_fields() -> set[str]:
+    return {f.name for f in fields(StudyConfig) if f.metadata.get("summary_only")}
 
 
 @dataclass(frozen=True)
@@ -36,9 +45,10 @@ class StudyConfig:
     Failed fine-tunes (:mod:`lab.study.failures`): ``min_train_kappa``, the training-set kappa
     below which a fine-tune did not learn; ``keep_failed``, count failed fine-tunes in the
     statistics anyway; ``max_failed_share``, the share of failures above which the report warns
-    first. ``lr_check``: before the fine-tunes, pick each method's learning rate from a short grid
-    on one relation (:mod:`lab.study.lr_check`); unset learning rates otherwise resolve per model
-    (:meth:`lab.study.finetune.FinetuneConfig.for_model`).
+    first. These and the resampling counts (``n_boot``, ``n_perm``, ``n_null``) are read by the
+    summary alone (:data:`SUMMARY_ONLY`). ``lr_check``: before the fine-tunes, pick each method's
+    learning rate from a short grid on one relation (:mod:`lab.study.lr_check`); unset learning
+    rates otherwise resolve per model (:meth:`lab.study.finetune.FinetuneConfig.for_model`).
     """
 
     category: str = "animals"
@@ -54,12 +64,12 @@ class StudyConfig:
     probe_C: float = 1.0
     fixed_layer: int | None = None  # default: n_layers // 2
     top_k: int = 3
-    n_boot: int = 2000
-    n_perm: int = 2000
-    n_null: int = 2000
-    min_train_kappa: float = 0.2
-    keep_failed: bool = False
-    max_failed_share: float = 0.1
+    n_boot: int = field(default=2000, metadata=SUMMARY_ONLY)
+    n_perm: int = field(default=2000, metadata=SUMMARY_ONLY)
+    n_null: int = field(default=2000, metadata=SUMMARY_ONLY)
+    min_train_kappa: float = field(default=0.2, metadata=SUMMARY_ONLY)
+    keep_failed: bool = field(default=False, metadata=SUMMARY_ONLY)
+    max_failed_share: float = field(default=0.1, metadata=SUMMARY_ONLY)
     lr_check: bool = False
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 

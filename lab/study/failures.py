@@ -12,10 +12,14 @@ correlation as "this relation does not generalize". A fine-tune **fails** when
   fine-tuning subject has kappa 0); the reason says "diverged" too when its loss ended at more
   than 1.5 times where it started (minibatch noise aside).
 
-Every criterion looks at **training only**. A fine-tune that learned its set and then predicts
-one label for every held-out subject is *not* failed: that is the outcome being measured (no
-generalization), and leaving it out would select relations on the dependent variable and bias
-the correlation upwards. It is flagged (``heldout_one_label``) and counted in the report.
+Every criterion looks at **training only**, never at a held-out prediction. A fine-tune that
+learned its set and then predicts one label for every held-out subject is *not* failed: that is
+the outcome being measured (no generalization), and leaving it out would select relations on the
+dependent variable and bias the correlation upwards. It is flagged (``heldout_one_label``) and
+counted in the report. Exclusion is still not free of selection: how well a fine-tune fits its
+set may itself depend on the relation (readable answers may be easier to fit), so when a main
+fine-tune fails the summary also reports the headline r with the failed ones counted
+(``headline.with_failed_kept``), and each statistic says on how many relations it stands (``n``).
 
 Failed fine-tunes are recorded with their reason (``finetunes.csv``: ``status`` "failed",
 ``reason``), listed in ``summary.json`` and the report, and left out of the statistics unless
@@ -50,16 +54,18 @@ def failure_reason(record: dict, min_train_kappa: float) -> str | None:
 def likely_cause(failed: Sequence[dict], config) -> str:
     """What most likely made these fine-tunes fail (``config``: the study's configuration)."""
     f = config.finetune
+    check = (
+        "the learning-rate check chose these rates on one relation; set them by hand (finetune.lr, lora_lr)"
+        if config.lr_check
+        else "let the learning-rate check pick them (StudyConfig(lr_check=True))"
+    )
     diverged = sum("diverged" in r["reason"] for r in failed)
     if diverged >= len(failed) / 2:
-        return (
-            f"most diverged: the learning rate is too high for this model (full {f.lr}, LoRA {f.lora_lr}); "
-            "lower it, or let the learning-rate check pick one (StudyConfig(lr_check=True))"
-        )
+        return f"most diverged: the learning rate is too high for this model (full {f.lr}, LoRA {f.lora_lr}); {check}"
     return (
         f"most did not learn their fine-tuning set in {f.max_steps} steps: the learning rate (full {f.lr}, LoRA "
-        f"{f.lora_lr}) is likely too high for this model (a collapse to one label) or too low; try "
-        "StudyConfig(lr_check=True), or more steps (finetune.max_steps)"
+        f"{f.lora_lr}) is likely too high for this model (a collapse to one label) or too low; {check}, or "
+        "give more steps (finetune.max_steps)"
     )
 
 

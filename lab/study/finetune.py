@@ -24,8 +24,10 @@ fine-tuning is then deterministic and every seed gives the same model.
 (:meth:`FinetuneConfig.for_model`): the world model's (full 1e-3, LoRA 3e-3) for a world
 checkpoint, a pretrained transformer's (full 3e-4, LoRA 3e-3) for any other, so that no
 combination of defaults pairs a pretrained model with the world's rate (at 1e-3, MiniLM's full
-fine-tunes collapsed to one label on 3 of 5 relations; at 3e-4 they learn). A rate the user
-sets is kept.
+fine-tunes diverged on 2 of 4 relations when the rates were first chosen, and collapsed to one
+label on 3 of 5 in a later try; at 3e-4 they learn). A rate the user sets is kept. A world model
+is recognized by its checkpoint folder (``world_spec.json``): one built in memory gets the
+pretrained rates unless they are set.
 
 **What training reports** besides the model: the steps taken, the training accuracy and Cohen's
 kappa of the last check (the fine-tuning set's own chance removed), the first and final loss,

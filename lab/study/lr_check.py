@@ -4,9 +4,9 @@ A learning rate that suits the world model (1e-3 for full fine-tuning) makes a p
 transformer's fine-tunes collapse to one label; one too low leaves them at chance after
 ``max_steps``. With ``StudyConfig(lr_check=True)`` the study first fine-tunes the fine-tuning set
 of one relation (its first, with the main label assignment and seed) at each rate of a short
-grid, from the largest down, and keeps the first rate whose fine-tune did not fail
-(:func:`lab.study.failures.failure_reason`: no NaN loss, training kappa at least
-``min_train_kappa``). Every method is checked on its own grid (:data:`GRIDS`). The rates tried,
+grid, from the largest down, and keeps the first rate whose fine-tune learns its set: it did not
+fail (:func:`lab.study.failures.failure_reason`) and reached a training kappa of at least
+:data:`LEARNED_KAPPA` (0.9). Every method is checked on its own grid (:data:`GRIDS`). The rates tried,
 their training facts and the rate chosen are saved (``lr_check_<method>.json``, a stage) and
 reported in ``summary.json``; the study's fine-tunes use the chosen rate. When no rate of the
 grid learns, the study keeps its configured rate and the summary says so.
@@ -27,6 +27,9 @@ from .config import StudyConfig, design_for
 from .failures import failure_reason
 from .finetune import finetune
 
+#: the training kappa a rate's fine-tune must reach for the check to keep it: it learns its set,
+#: not merely beats the failure threshold (a rate that barely learns is not the rate to train at)
+LEARNED_KAPPA = 0.9
 #: the rates tried per method, largest first
 GRIDS = {"full": (3e-3, 1e-3, 3e-4, 1e-4, 3e-5), "lora": (1e-2, 3e-3, 1e-3, 3e-4)}
 
@@ -39,6 +42,7 @@ class LrCheckInputs:
     labels: dict
     method: str
     grid: tuple[float, ...]
+    min_train_kappa: float  # keyed here: the study's config leaves it out of keys (a summary setting)
     progress: bool | None = field(default=None, metadata=DERIVED)
 
 
@@ -54,7 +58,9 @@ def check_learning_rate(inputs: LrCheckInputs) -> dict:
         config = replace(c.finetune, **({"lora_lr": lr} if m == "lora" else {"lr": lr}))
         tuned, info = finetune(inputs.model, prompts, labels, design.labels, m, config, seed=c.finetune_seeds[0])
         del tuned
-        reason = failure_reason(info, c.min_train_kappa)
+        reason = failure_reason(info, inputs.min_train_kappa)
+        if reason is None and not info["train_kappa"] >= LEARNED_KAPPA:
+            reason = f"learned too little: training kappa {info['train_kappa']:.2f} < {LEARNED_KAPPA}"
         tried.append({"lr": lr, **info, "learned": reason is None, "reason": reason})
         if reason is None:
             chosen = lr

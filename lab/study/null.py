@@ -228,12 +228,22 @@ def calibration_table(
 def null_tables(
     relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int
 ) -> pd.DataFrame:
-    """The calibration table of every fine-tuning method of a study (a ``method`` column)."""
+    """The calibration table of every fine-tuning method of a study (a ``method`` column). Each
+    method is simulated on the relations the statistics use for it: those with an outcome
+    (``generalization_kappa_<method>``; a relation whose fine-tune failed has none,
+    :mod:`lab.study.failures`), so that its Monte-Carlo p belongs to its r. A method with fewer
+    than 3 such relations has no rows."""
     parts = []
     for m in config["methods"]:
+        outcome = relations.get(f"generalization_kappa_{m}")
+        rel = relations if outcome is None else relations[outcome.notna()]
+        if len(rel) < 3:
+            continue
         design = null_design(
-            relations, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0]
+            rel, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0]
         )
         parts.append(calibration_table(design, n_sim=n_sim, seed=seed, n_perm=config["n_perm"]).assign(method=m))
+    if not parts:
+        return pd.DataFrame(columns=["method", "outcome", "predictor", "analysis", "p_monte_carlo", "n_sim", "alpha"])
     t = pd.concat(parts, ignore_index=True)
     return t[["method"] + [c for c in t.columns if c != "method"]]

@@ -173,11 +173,12 @@ def compare_predictors(
             progress,
         )
         preds = Runner(study_dir).run(Task(PREDICTOR_STAGE, inputs, "predictors.csv"))
-    merged = table.merge(preds, on="relation")
+    merged_all = table.merge(preds, on="relation")
     rows = []
     for outcome in outcomes:
-        if outcome not in merged:
+        if outcome not in merged_all:
             continue
+        merged = merged_all[merged_all[outcome].notna()]  # a relation whose fine-tune failed has no outcome
         for p in PREDICTORS:
             if p not in merged:
                 continue

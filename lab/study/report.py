@@ -88,6 +88,7 @@ def write_report(out: str | Path, static: bool = True) -> Path:
     first_warning = (
         f"<p class=note><b>{html.escape(failed['warning'])}</b></p>" if failed.get("warning") else ""
     )  # said before any number: those numbers rest on fewer fine-tunes than the design
+    kept_r = (summary["headline"].get("with_failed_kept") or {}).get("r")
     failed_section = ""
     if failed.get("jobs") or failed.get("heldout_one_label"):
         kept = "counted in the statistics (keep_failed)" if not failed["excluded_from_statistics"] else "left out"
@@ -99,7 +100,13 @@ def write_report(out: str | Path, static: bool = True) -> Path:
             f"<section><h2>Failed fine-tunes ({failed['n_failed']} of {failed['n_finetunes']}, {kept})</h2>"
             "<p>A fine-tune that did not learn its fine-tuning set (training kappa below "
             f"{summary['config'].get('min_train_kappa')}, or a NaN loss) is a failed job, not a measurement.</p>"
-            f"<table><tr><th>job</th><th>reason</th></tr>{rows}</table>"
+            + (
+                f"<p>The headline r with the failed main fine-tunes counted as measured: {kept_r:.3f} "
+                "(training fit can itself depend on readability, so both are shown).</p>"
+                if kept_r is not None
+                else ""
+            )
+            + f"<table><tr><th>job</th><th>reason</th></tr>{rows}</table>"
             f"<p>Learned, but one label for every held-out subject (measured: no generalization; kept): "
             f"{html.escape(', '.join(failed.get('heldout_one_label', [])) or 'none')}.</p></section>"
         )

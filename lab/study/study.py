@@ -66,7 +66,7 @@ from lab.stages import Runner, Task
 from lab.world.vocab import LABELS
 from probes.readability import best_layers
 
-from .config import StudyConfig, StudySpec
+from .config import StudyConfig, StudySpec, summary_only_fields
 from .design import Design
 from .jobs import FINETUNE, FinetuneInputs, Job, shuffled_backmap_rates, wrong_top
 from .lr_check import GRIDS, LR_CHECK, LrCheckInputs, with_checked_rates
@@ -183,10 +183,19 @@ class Study:
     def lr_check_task(self, method: str) -> Task:
         """The learning-rate check of ``method`` on the first relation (:mod:`lab.study.lr_check`),
         saved as ``lr_check_<method>.json``."""
+        c = self.config
         inputs = LrCheckInputs(
-            self.model, self.spec.relations[0], self.config, self.labels, method, GRIDS[method], self.progress
+            self.model, self.spec.relations[0], c, self.labels, method, GRIDS[method], c.min_train_kappa, self.progress
         )
         return Task(LR_CHECK, inputs, f"lr_check_{method}.json")
+
+    def finetune_config(self, runner: Runner) -> tuple[StudyConfig, dict]:
+        """The configuration every fine-tune of the study trains with, and the learning-rate
+        checks it came from (empty without ``lr_check``): each method's rate from its check."""
+        if not self.config.lr_check:
+            return self.config, {}
+        checks = {m: runner.run(self.lr_check_task(m)) for m in self.config.methods}
+        return with_checked_rates(self.config, checks), checks
 
     def finetune_task(
         self,
@@ -226,10 +235,8 @@ class Study:
         read = self.readability(runner)
         pretrained = self.pretrained(runner)
         best = best_layers(read.layers)
-        spec, checks = self.spec, {}
-        if spec.config.lr_check:  # each method's rate from its check, for every fine-tune
-            checks = {m: runner.run(self.lr_check_task(m)) for m in spec.config.methods}
-            spec = replace(spec, config=with_checked_rates(spec.config, checks))
+        config, checks = self.finetune_config(runner)
+        spec = replace(self.spec, config=config)
         jobs = self.jobs()
         tasks = [self.finetune_task(j, read, pretrained, best[j.relation], spec.config) for j in jobs]
         results = runner.map(tasks, executor=executor, desc="fine-tunes", labels=[j.id for j in jobs], limit=max_jobs)
@@ -246,9 +253,10 @@ def _differences(old: dict, new: dict) -> list[str]:
             f"model {old.get('model')!r} (weights {old.get('fingerprint')}) "
             f"vs {new['model']!r} (weights {new['fingerprint']})"
         )
-    if old.get("config") != new["config"]:
-        oc, nc = old.get("config") or {}, new["config"]
-        keys = sorted(k for k in set(oc) | set(nc) if oc.get(k) != nc.get(k))
+    oc, nc = old.get("config") or {}, new["config"]
+    skip = summary_only_fields()  # the summary is recomputed with the new values; nothing is refitted
+    keys = sorted(k for k in set(oc) | set(nc) if oc.get(k) != nc.get(k) and k not in skip)
+    if keys:
         out.append("configuration: " + ", ".join(f"{k} {oc.get(k)!r} -> {nc.get(k)!r}" for k in keys))
     orel, nrel = old.get("relations") or {}, new["relations"]
     if isinstance(orel, list):  # a folder written before relation contents were hashed

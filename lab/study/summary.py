@@ -104,10 +104,31 @@ def _with_outcome(rel: pd.DataFrame, gen: dict) -> pd.DataFrame:
     return t
 
 
+def _with_failed(rel: pd.DataFrame, designed: dict, runs: dict, names: list[str], key: tuple, c) -> dict | None:
+    """The headline Pearson r with the main method's failed fine-tunes counted as measured (None
+    when none failed or they are kept anyway): training fit may itself depend on readability, so
+    a reader sees how much leaving them out moves r."""
+    failed = [n for n in names if (n, *key) in designed and (n, *key) not in runs]
+    if not failed:
+        return None
+    t = _with_outcome(rel, {n: designed[(n, *key)] for n in names if (n, *key) in designed})
+    if len(t) < 3:
+        return {"r": float("nan"), "n": len(t), "failed_relations": failed}
+    out = pearson(t[HEADLINE[0]], t["generalization_kappa"], c.n_boot, c.n_perm)
+    return {
+        "r": out["r"],
+        "ci": [out["ci_low"], out["ci_high"]],
+        "p_value": out["p_value"],
+        "n": out["n"],
+        "failed_relations": failed,
+    }
+
+
 def _correlations(t: pd.DataFrame, x: str, y: str, c) -> list[dict]:
     if len(t) < 3:  # a correlation needs 3 relations
         why = f"undefined ({len(t)} relations with a fine-tune that learned; needs 3)"
-        return [dict(predictor=x, outcome=y, analysis="pearson", r=np.nan, p_value=np.nan, ci_method=why, n=len(t))]
+        row = dict(r=np.nan, ci_low=np.nan, ci_high=np.nan, ci_method=why, p_value=np.nan, n=len(t))
+        return [dict(predictor=x, outcome=y, analysis="pearson", **row)]
     return correlation_table(t, x, y, COVARIATES, c.n_boot, c.n_perm)
 
 
@@ -216,6 +237,13 @@ def missing_covariates(spec: StudySpec, rel: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+#: the columns of ``predictions.csv`` that the statistics read (an empty table keeps them)
+PREDICTION_COLUMNS = [
+    "subject", "answer", "label", "predicted_label", "correct", "backmapped_answer", "job", "relation", "method",
+    "category", "label_seed", "finetune_seed",
+]  # fmt: skip
+
+
 def _run_key(r: dict) -> tuple:
     return (r["relation"], r["method"], r["category"], r["label_seed"], r["finetune_seed"])
 
@@ -265,7 +293,8 @@ def write_summary(
             }
             for r in done
             for p in r["predictions"]
-        ]
+        ],
+        columns=None if done else PREDICTION_COLUMNS,  # every fine-tune failed: the columns still
     )
     rel = relation_table(spec, readability.layers, pretrained, runs, best, designed)
     m0 = c.methods[0]
@@ -280,9 +309,8 @@ def write_summary(
             stats_rows += [dict(method=m, **row) for row in _correlations(t, x, y, c)]
     stats = pd.DataFrame(stats_rows)
 
-    # the null calibration simulates the relations whose main fine-tunes (every method) are used
-    complete = [name for name in names if all(main_key(name, m) in runs for m in c.methods)]
-    null = null_tables(rel[rel.relation.isin(complete)], preds, c.to_dict(), c.n_null, c.split_seed)
+    # each method's null is simulated on the relations its statistics use (lab.study.null)
+    null = null_tables(rel, preds, c.to_dict(), c.n_null, c.split_seed)
     rob = robustness_table(spec, rel, runs)
     unique_r = rob.drop_duplicates("key").r
 
@@ -365,6 +393,7 @@ def write_summary(
         "fixed_layer": spec.fixed_layer,
         "config": c.to_dict(),
     }
+    summary["headline"]["with_failed_kept"] = _with_failed(rel, designed, runs, names, main_key(names[0], m0)[1:], c)
     stats, summary = apply_null(stats, null, summary)
     for name, df in (
         ("relations", rel),

@@ -88,12 +88,13 @@ class Interventions:
         if self.qualification is not None:
             write_table(self.qualification, self.out / "qualification.csv")
         layers = self.study.readability(runner).layers
+        sc, _ = self.study.finetune_config(runner)  # the study's rates (its learning-rate checks, if any)
         best = best_layers(layers)
         kap = layers.set_index(["relation", "layer"]).kappa
         rows, arm_rows, steer_rows = [], [], []
         relations = list(self.study.relations.values())
         for r in progress_bar(relations, desc="interventions", unit="relations", progress=self.progress):
-            row, a, s = self.relation(runner, r)
+            row, a, s = self.relation(runner, r, sc)
             row["readability_kappa"] = float(kap[(r.name, best[r.name])])
             rows.append(row)
             arm_rows += a
@@ -107,10 +108,10 @@ class Interventions:
         write_report(self.out)
         return table
 
-    def relation(self, runner, r) -> tuple[dict, list[dict], list[dict]]:
+    def relation(self, runner, r, sc: StudyConfig | None = None) -> tuple[dict, list[dict], list[dict]]:
         """One relation: its setup, every erasure arm and the steering (each a saved stage task);
-        its row, arm rows and steering rows."""
-        c, sc, labels = self.config, self.study.config, self.study.labels
+        its row, arm rows and steering rows. ``sc``: the study configuration its fine-tunes use."""
+        c, sc, labels = self.config, sc or self.study.config, self.study.labels
         seed = relation_seed(c.seed, r.name)
         s = arms.setup(self.model, r, labels, sc, c)
         records, tuned_none = {}, None
