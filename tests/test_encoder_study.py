@@ -131,7 +131,10 @@ SMALL_RELATIONS = ["word sentiment", "occupation age", "univ degree gender", "ob
 
 
 def _encoder_config():
+    # a tiny random encoder does not learn its fine-tuning sets in 20 steps: those fine-tunes are
+    # failed jobs (lab.study.failures), kept here so that the statistics' plumbing is exercised
     return real_model_config(
+        keep_failed=True,
         label_seeds=(0,),
         finetune_seeds=(0,),
         folds=3,
@@ -160,6 +163,7 @@ def test_encoder_study_end_to_end_and_resumable(tiny_bert_dir, tmp_path):
 
     s = done.summary
     assert s["scoring"] == "masked" and s["n_relations"] == 4
+    assert s["failed_jobs"]["n_failed"] > 0 and not s["failed_jobs"]["excluded_from_statistics"]
     assert "encoder" in s["covariates"]["missing"]["pretrained_accuracy"]
     assert "word pieces" in s["frequency_covariate"]
     rel = done.table("relations")
