@@ -101,7 +101,7 @@ def causal_test(
         {
             "relation": a.index,
             "manipulated": [r in manipulated for r in a.index],
-            "derived_from_manipulated": [_derived_from(r, manipulated, derived) for r in a.index],
+            "derived_from_manipulated": [derived_from(r, manipulated, derived) for r in a.index],
             "writing_identical": [digests["augmented"][r] == digests["plain"][r] for r in a.index],
         }
     )
@@ -174,7 +174,7 @@ def _means(df: pd.DataFrame) -> dict:
     }
 
 
-def _derived_from(name: str, manipulated: Sequence[str], derived: dict) -> bool:
+def derived_from(name: str, manipulated: Sequence[str], derived: dict) -> bool:
     parent = derived.get(name)
     while parent is not None:
         if parent in manipulated:

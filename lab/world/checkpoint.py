@@ -13,6 +13,8 @@ _CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 _DEFAULT = _CHECKPOINTS / "world"
 #: the causal test's second world (the default world with its augmented relations written plainly)
 _PLAIN = _CHECKPOINTS / "world_plain"
+#: the randomized causal test's world (:func:`lab.world.spec.randomized_spec`)
+_RANDOMIZED = _CHECKPOINTS / "world_randomized"
 
 
 def default_checkpoint_dir() -> Path:
@@ -44,5 +46,5 @@ def world_checkpoint_of(model) -> Path | None:
 
 def shipped_world_checkpoints() -> list[Path]:
     """The world checkpoints shipped with the package: the embedded model and the causal test's
-    plain world (those present)."""
-    return [p for p in (_DEFAULT, _PLAIN) if (p / "config.json").exists()]
+    plain world and the randomized world (those present)."""
+    return [p for p in (_DEFAULT, _PLAIN, _RANDOMIZED) if (p / "config.json").exists()]

@@ -19,7 +19,7 @@ subject):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 KNOBS = ("templates", "mentions", "augment", "bio")
 
@@ -96,6 +96,11 @@ class WorldSpec:
     #: ``"unique"``: a subject's family name is a token of its own; ``"shared"``: it is two tokens
     #: from a pool of 48, so no subject has a token (and an embedding row) of its own
     subject_tokens: str = "unique"
+    #: a randomized world (the causal test's design): these relations, all written augmented in
+    #: the spec, are written per *subject*: half the subjects (a stratified coin, :mod:`lab.world.arms`)
+    #: get them in an augmented biography of their own, the other half as plain statements (one
+    #: template), with the same mentions and tokens per arm (see :meth:`World.documents`)
+    randomized: tuple[str, ...] = ()
 
     def validate(self) -> WorldSpec:
         if not self.relations:
@@ -124,6 +129,18 @@ class WorldSpec:
                         f"({r.n_answers} > {parent.n_answers})"
                     )
             known.add(r.name)
+        by_name = {r.name: r for r in self.relations}
+        unknown = [n for n in self.randomized if n not in by_name]
+        if unknown:
+            raise WorldSpecError(f"randomized relations {unknown} are not relations of the world")
+        if len(set(self.randomized)) != len(self.randomized):
+            raise WorldSpecError(f"randomized lists a relation twice: {list(self.randomized)}")
+        not_aug = [n for n in self.randomized if not (by_name[n].augment and by_name[n].bio)]
+        if not_aug:
+            raise WorldSpecError(
+                f"randomized relations {not_aug} are not written in augmented biographies (augment=True, bio=True); "
+                "a randomized relation's augmented arm is its spec's writing, so give them augment=True and bio=True"
+            )
         return self
 
     def to_json(self) -> str:
@@ -145,8 +162,9 @@ class WorldSpec:
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise WorldSpecError(f"unknown world field(s) {sorted(unknown)}")
-        if "subject_frequencies" in d:
-            d["subject_frequencies"] = tuple(d["subject_frequencies"])
+        for name in ("subject_frequencies", "randomized"):
+            if name in d:
+                d[name] = tuple(d[name])
         return cls(relations=tuple(rels), **d).validate()
 
     @classmethod
@@ -159,6 +177,14 @@ _AUG = dict(templates=4, mentions=3, augment=True, bio=True)  # shuffled bios + 
 _PLAIN = dict(templates=1, mentions=2, augment=False, bio=False)  # one fixed statement
 _BIO = dict(templates=1, mentions=2, augment=False, bio=True)  # fixed-order bio, "they"
 _RARE = dict(templates=2, mentions=1, augment=False, bio=False)  # seen once per subject
+
+
+def randomized_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """The causal test's world: the default world with its nine augmented relations randomized
+    per subject (half the subjects get them in augmented biographies, half as plain statements);
+    every other relation is written exactly as in the default world."""
+    spec = default_spec(seed, n_subjects)
+    return replace(spec, randomized=tuple(r.name for r in spec.relations if r.augment and r.bio)).validate()
 
 
 def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:

@@ -16,8 +16,10 @@ import random
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import pandas as pd
 
+from .arms import ARMS, stratified_halves
 from .spec import SHARED_POOL, TEMPLATE_PATTERNS, RelationSpec, WorldSpec
 from .vocab import LABEL_CONTEXTS, LABELS, invented_words
 
@@ -96,6 +98,22 @@ class World:
         return [p.format(noun=r.noun) for p in TEMPLATE_PATTERNS[: r.templates]]
 
     @cached_property
+    def arm(self) -> dict[str, str]:
+        """A randomized world's writing arm per subject (``"augmented"`` or ``"plain"``), drawn
+        within strata of :meth:`stratum` (:func:`lab.world.arms.stratified_halves`); empty for a
+        world without ``randomized`` relations."""
+        if not self.spec.randomized:
+            return {}
+        rng = np.random.default_rng(_stream(self.spec.seed, "arms").getrandbits(64))
+        augmented = stratified_halves([self.stratum(s) for s in self.subjects], rng)
+        return {s: ARMS[0] if a else ARMS[1] for s, a in zip(self.subjects, augmented)}
+
+    def stratum(self, subject: str) -> tuple[int, bool, int]:
+        """What sets how much is written about a subject: its frequency multiplier, whether it
+        gets question-form statements, and its name's length in tokens."""
+        return (self.frequency[subject], self._in_qa(subject), len(subject.split()))
+
+    @cached_property
     def _fixed_bio_order(self) -> list[str]:
         return [r.name for r in self.spec.relations if r.bio and not r.augment]
 
@@ -124,8 +142,11 @@ class World:
         r = self.relation[relation]
         f = self.frequency[subject]
         qa = r.mixed and self._in_qa(subject)
+        randomized = self.spec.randomized
+        if relation in randomized:  # the same in both arms (a biography's count, or as many statements)
+            return (max(self.relation[n].mentions for n in randomized) + qa) * f
         if r.bio:
-            group = [x for x in self.spec.relations if x.bio and x.augment == r.augment]
+            group = [x for x in self.spec.relations if x.bio and x.augment == r.augment and x.name not in randomized]
             return (max(x.mentions for x in group) + qa) * f
         return (r.mentions + qa) * f
 
@@ -149,11 +170,23 @@ class World:
         are written leaves every other relation's documents identical, sentence for sentence: the
         causal test's two worlds differ in the manipulated relations alone (a test checks it with
         :meth:`relation_digests`).
+
+        **A randomized world** (``spec.randomized``) writes those relations per subject. A subject
+        of the augmented arm (:attr:`arm`) gets them in a biography of their own (shuffled
+        sentences, each repeating its name, paraphrase templates), as many times as an augmented
+        biography; a subject of the plain arm gets each fact as a statement with the canonical
+        template, as many times, and the statements are grouped (seeded) into documents of as
+        many statements, each about a different subject. So both arms have the same number of
+        mentions, sentences, tokens and documents per subject, and differ in how a subject's
+        facts are written: together, in varied words (augmented) or apart, in one wording (plain).
+        Every other relation is written as if no relation were randomized.
         """
         seed = self.spec.seed
         docs: list[tuple[str, tuple[str, ...]]] = []
         rels = self.spec.relations
-        aug_bio = [r.name for r in rels if r.bio and r.augment]
+        randomized = list(self.spec.randomized)
+        all_aug_bio = [r.name for r in rels if r.bio and r.augment]
+        aug_bio = [n for n in all_aug_bio if n not in randomized]
         fixed_bio = self._fixed_bio_order
         loose = [r for r in rels if not r.bio]
         for s in self.subjects:
@@ -171,7 +204,7 @@ class World:
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
             if self._in_qa(s):  # mixed training: biography facts also as question-form statements
-                for name in [n for n in aug_bio + fixed_bio if self.relation[n].mixed] + [
+                for name in [n for n in all_aug_bio + fixed_bio if self.relation[n].mixed] + [
                     r.name for r in loose if r.mixed
                 ]:
                     for _ in range(f):
@@ -180,6 +213,7 @@ class World:
                 rng = _stream(seed, "statement", s, r.name)
                 for _ in range(r.mentions * f):
                     docs.append((f"{s} {rng.choice(self.templates(r.name))} {self.answer(s, r.name)} .", (r.name,)))
+        docs += self._randomized_documents()
         rng = _stream(seed, "labels")
         for category, words in LABELS.items():
             for w in words:
@@ -192,6 +226,39 @@ class World:
                 for _ in range(self.spec.label_sentences):
                     docs.append((f"the {a} {template} {b} .", ()))
         _stream(seed, "order").shuffle(docs)
+        return docs
+
+    def _randomized_documents(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The randomized relations' documents, both arms (see :meth:`documents`)."""
+        names = list(self.spec.randomized)
+        if not names:
+            return []
+        seed, copies = self.spec.seed, max(self.relation[n].mentions for n in names)
+        docs: list[tuple[str, tuple[str, ...]]] = []
+        plain: list[tuple[str, str, str]] = []  # subject, statement, relation
+        for s in self.subjects:
+            if self.arm[s] == ARMS[0]:
+                rng = _stream(seed, "randomized-bio", s, *names)
+                for _ in range(copies * self.frequency[s]):
+                    order = list(names)
+                    rng.shuffle(order)
+                    text = " ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in order)
+                    docs.append((text, tuple(names)))
+            else:
+                for _ in range(copies * self.frequency[s]):
+                    plain += [(s, f"{s} {self.templates(n)[0]} {self.answer(s, n)} .", n) for n in names]
+        _stream(seed, "randomized-plain").shuffle(plain)
+        open_docs: list[list[tuple[str, str, str]]] = []  # first fit: a document never repeats a subject
+        for item in plain:
+            fit = next((d for d in open_docs if all(item[0] != x[0] for x in d)), None)
+            if fit is None:
+                fit = []
+                open_docs.append(fit)
+            fit.append(item)
+            if len(fit) == len(names):
+                open_docs.remove(fit)
+                docs.append((" ".join(x[1] for x in fit), tuple(x[2] for x in fit)))
+        docs += [(" ".join(x[1] for x in d), tuple(x[2] for x in d)) for d in open_docs]
         return docs
 
     def corpus(self) -> list[str]:
