@@ -195,7 +195,8 @@ def study(
 @study_app.command("findings")
 def study_findings(
     study: Path = typer.Option(Path("results/study"), help="a finished study's results folder"),
-    causal: Path | None = typer.Option(None, help="a finished causal test's folder (optional)"),
+    causal: Path | None = typer.Option(None, help="a finished two-world causal test's folder (optional)"),
+    randomized: Path | None = typer.Option(None, help="a finished randomized causal test's folder (optional)"),
     world: Path | None = typer.Option(None, help="a saved `interp world report --out FILE` table (optional)"),
     ablation: Path | None = typer.Option(None, help="a finished `interp world ablate` folder (optional)"),
     real: Path | None = typer.Option(
@@ -206,7 +207,16 @@ def study_findings(
 ):
     """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model
     tables."""
-    page = write_findings(study, out, causal, world=world, ablation=ablation, real=real, interventions=interventions)
+    page = write_findings(
+        study,
+        out,
+        causal,
+        world=world,
+        ablation=ablation,
+        real=real,
+        interventions=interventions,
+        randomized=randomized,
+    )
     typer.echo(f"wrote {page}")
 
 
@@ -265,9 +275,9 @@ def study_causal(
     retrain: bool = typer.Option(False, help="pretrain even where a shipped checkpoint is the same world"),
     executor: str = typer.Option("serial", help="serial or processes (randomized design's fine-tunes)"),
 ):
-    """Does causing readability cause generalization? With the defaults the world model is shipped
-    (randomized: about 15 minutes on 2 cores; two-worlds: about 5); --retrain pretrains (about 25
-    minutes per world)."""
+    """Does causing readability cause generalization? With the defaults the world models are
+    shipped (randomized: about 9 minutes on 2 cores with --executor processes; two-worlds: about
+    5); --retrain pretrains (about 25-35 minutes per world)."""
     if design == "randomized":
         from lab.study.randomized import randomized_causal_test
 

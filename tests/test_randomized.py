@@ -138,14 +138,17 @@ def test_randomization_p_is_calibrated_on_a_world_with_no_effect():
     for _ in range(200):
         arms = stratified_halves(strata, rng)
         heldouts = _null_heldouts(rng, n, rels)
-        ps.append(randomization_test(heldouts, rels, strata, arms, 199, int(rng.integers(1 << 30)))["p_value"])
+        result = randomization_test(
+            heldouts, {"m": rels[:2], "c": rels[2:]}, strata, arms, 199, int(rng.integers(1 << 30))
+        )
+        ps.append(result["m"]["p_value"])
     ps = np.array(ps)
     assert 0.01 <= (ps < 0.05).mean() <= 0.10
     assert stats.kstest(ps, "uniform").pvalue > 0.01
     # and it has power against a planted effect
     arms = stratified_halves(strata, rng)
     planted = _null_heldouts(rng, n, rels, effect=0.5, augmented=arms)
-    assert randomization_test(planted, rels, strata, arms, 499, 0)["p_value"] < 0.01
+    assert randomization_test(planted, {"all": rels}, strata, arms, 499, 0)["all"]["p_value"] < 0.01
 
 
 def test_power_grows_with_the_effect():
@@ -201,6 +204,11 @@ def test_randomized_causal_test_end_to_end_and_resumes(tmp_path, monkeypatch):
     arms = pd.read_csv(tmp_path / "randomized_arms.csv")
     assert set(arms.source) == {"both", "augmented", "plain"}
     assert (tmp_path / "power.csv").exists()
+    assert (tmp_path / "figures" / "randomized_effects.html").exists()
+    for what in ("readability", "generalization"):  # per-relation CIs hold their estimates
+        d, low, high = df[f"delta_{what}"], df[f"delta_{what}_ci_low"], df[f"delta_{what}_ci_high"]
+        ok = d.notna() & low.notna()
+        assert ok.any() and ((low[ok] <= d[ok] + 1e-9) & (d[ok] <= high[ok] + 1e-9)).all(), what
 
     def refuse(*a, **k):
         raise AssertionError("a finished fine-tune was recomputed")
@@ -208,3 +216,20 @@ def test_randomized_causal_test_end_to_end_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(randomized, "finetune", refuse)
     again = randomized_causal_test(tmp_path, spec=TINY, train=train, config=config, progress=False)
     pd.testing.assert_frame_equal(df, again)
+
+
+def test_the_decision_rule():
+    from lab.study.randomized import decide
+
+    ci = lambda e, lo, hi, p=None: {"estimate": e, "ci_low": lo, "ci_high": hi, "p_value": p}  # noqa: E731
+    stage, slope = ci(0.1, 0.05, 0.15), ci(0.8, 0.6, 1.0)
+    assert decide(stage, ci(0.08, 0.02, 0.1, 0.001), ci(0.0, -0.02, 0.02), ci(0.8, 0.2, 1.2), slope) == "supports"
+    # a control effect leaves it open, however small the primary p
+    assert decide(stage, ci(0.08, 0.02, 0.1, 0.001), ci(0.03, 0.01, 0.05), ci(0.8, 0.2, 1.2), slope) == "open"
+    # first stage, no effect, beta's CI below the slope: refutes
+    assert decide(stage, ci(0.0, -0.02, 0.02, 0.6), ci(0.0, -0.02, 0.02), ci(0.0, -0.3, 0.3), slope) == "refutes"
+    # no first stage: open
+    assert (
+        decide(ci(0.0, -0.05, 0.05), ci(0.0, -0.02, 0.02, 0.6), ci(0.0, -0.02, 0.02), ci(0.0, -0.3, 0.3), slope)
+        == "open"
+    )

@@ -297,20 +297,24 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
         causal_test("/nonexistent", ["city"], spec=spec)
 
 
-def test_both_worlds_of_the_default_causal_test_are_shipped():
-    """`interp study causal` with the defaults pretrains nothing: the embedded world and its plain
-    twin are shipped, each trained on exactly that world with exactly the default recipe."""
+def test_the_worlds_of_both_causal_designs_are_shipped():
+    """`interp study causal` with the defaults pretrains nothing: the embedded world, its plain
+    twin (two-world design) and the randomized world are shipped, each trained on exactly that
+    world with exactly the default recipe."""
     from lab.study.causal import shipped_checkpoint, without_augmentation
     from lab.world import TrainConfig, default_spec
     from lab.world.checkpoint import shipped_world_checkpoints
+    from lab.world.spec import randomized_spec
 
     spec = default_spec()
     plain = without_augmentation(spec, [r.name for r in spec.relations if r.augment])
     world, twin = shipped_checkpoint(spec, TrainConfig()), shipped_checkpoint(plain, TrainConfig())
-    assert world is not None and twin is not None and world != twin
-    assert sorted(shipped_world_checkpoints()) == sorted([world, twin])
+    randomized = shipped_checkpoint(randomized_spec(), TrainConfig())
+    assert world is not None and twin is not None and randomized is not None
+    assert len({world, twin, randomized}) == 3
+    assert sorted(shipped_world_checkpoints()) == sorted([world, twin, randomized])
     assert shipped_checkpoint(spec, TrainConfig(steps=10)) is None
-    for path in (world, twin):
+    for path in (world, twin, randomized):
         assert (path / "model.safetensors").stat().st_size < 25e6
 
 

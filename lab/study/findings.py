@@ -418,6 +418,104 @@ def ablation_section(folder: Path) -> str:
     return "\n".join(out)
 
 
+def randomized_section(folder: Path, docs: Path | None = None) -> str:
+    """The randomized causal test (:mod:`lab.study.randomized`): the pre-registered statistics,
+    the decision, power, the per-relation table and (copied into ``docs``) its figure."""
+    s = json.loads((folder / "randomized.json").read_text())
+    df = pd.read_csv(folder / "randomized.csv")
+    arms = pd.read_csv(folder / "randomized_arms.csv")
+
+    def ci(d: dict) -> str:
+        return f"{d['estimate']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}]"
+
+    p, c = s["primary_mean_delta_generalization"], s["negative_control_mean_delta_generalization"]
+    rows = [
+        {
+            "statistic": "first stage: mean Δρ, manipulated",
+            "estimate [95% CI]": ci(s["first_stage_delta_readability"]),
+            "p (randomization)": "",
+        },
+        {"statistic": "mean Δρ, controls", "estimate [95% CI]": ci(s["first_stage_controls"]), "p (randomization)": ""},
+        {
+            "statistic": "mean Δ recall, manipulated",
+            "estimate [95% CI]": ci(s["recall_delta"]),
+            "p (randomization)": "",
+        },
+        {
+            "statistic": "**primary**: mean Δg, manipulated",
+            "estimate [95% CI]": ci(p),
+            "p (randomization)": f"{p['p_value']:.4f}",
+        },
+        {
+            "statistic": "negative control: mean Δg, controls",
+            "estimate [95% CI]": ci(c),
+            "p (randomization)": f"{c['p_value']:.4f}",
+        },
+    ]
+    for key, label in (("beta", "β = ΣΔg / ΣΔρ"), ("cross_sectional_slope", "cross-sectional slope (pooled arms)")):
+        if key in s:
+            rows.append({"statistic": label, "estimate [95% CI]": ci(s[key]), "p (randomization)": ""})
+    power = s.get("power", {})
+    out = [
+        "## The causal test: writing randomized per subject, one pretraining run",
+        "",
+        "`interp study causal` (pre-registered in [the protocol](protocol.md)). "
+        f"Manipulated: {', '.join(s['manipulated'])}; "
+        f"controls (written identically for both arms): {len(s['controls'])} relations. Arms: "
+        f"{s['arms']['augmented']} augmented, {s['arms']['plain']} plain subjects. Δ = augmented − plain, in kappa; "
+        f"CIs bootstrap relations; p from {p['n_redraws']} stratified redraws of the arms "
+        f"(null SD of T {p['null_sd']:.3f}). Fine-tunes: {s['n_finetunes']}, failed: {len(s['failed_finetunes'])}.",
+        "",
+        _table(pd.DataFrame(rows)),
+        "",
+        f"**Decision (pre-registered rule): {s['decision']}.** Power from the design: the smallest mean Δg detected "
+        f"with 80% power is {power.get('smallest_effect_80', float('nan')):.3f} (at generalization kappa "
+        f"{power.get('base_kappa', float('nan'))}).",
+        "",
+        "Fine-tuned on one arm only (manipulated relations; mean held-out kappa by the held-out subjects' arm):",
+        "",
+        _table(
+            pd.DataFrame(
+                [{"fine-tuned on": k.removeprefix("finetuned on "), **v} for k, v in s["one_arm_finetunes"].items()]
+            )
+        ),
+        "",
+        _table(
+            df[
+                [
+                    "relation",
+                    "group",
+                    "readability_augmented",
+                    "readability_plain",
+                    "delta_readability",
+                    "recall_augmented",
+                    "recall_plain",
+                    "generalization_augmented",
+                    "generalization_plain",
+                    "delta_generalization",
+                ]
+            ]
+        ),
+        "",
+        f"Per (relation, source, arm): `randomized_arms.csv` ({len(arms)} rows).",
+        "",
+    ]
+    x = s.get("exploratory_manipulated_minus_controls")
+    if x:
+        d = x["delta_generalization"]
+        out[8:8] = [
+            f"Exploratory (not pre-registered): the manipulated relations beyond the controls, Δρ "
+            f"{x['delta_readability']:.3f} and Δg {d['estimate']:.3f} (randomization p = {d['p_value']:.3f}, "
+            f"null SD {d['null_sd']:.3f}).",
+            "",
+        ]
+    png = folder / "figures" / "randomized_effects.png"
+    if docs is not None and png.exists():
+        shutil.copyfile(png, docs / "study_randomized_effects.png")
+        out += ["![Δρ vs Δg per relation, 95% CIs](study_randomized_effects.png)", ""]
+    return "\n".join(out)
+
+
 def write_findings(
     study: str | Path,
     out: str | Path = "docs/study.md",
@@ -427,6 +525,7 @@ def write_findings(
     ablation: str | Path | None = None,
     real: str | Path | None = None,
     interventions: str | Path | None = None,
+    randomized: str | Path | None = None,
 ) -> Path:
     """Write the findings page from saved results (and copy the headline figures beside it):
     the study, and optionally the causal test, the world model's report table, the ablation and a
@@ -441,6 +540,8 @@ def write_findings(
         METHODS,
         study_section(study, out.parent),
     ]
+    if randomized is not None and (Path(randomized) / "randomized.json").exists():
+        parts.append(randomized_section(Path(randomized), out.parent))
     if causal is not None and (Path(causal) / "causal.json").exists():
         parts.append(causal_section(Path(causal)))
     if world is not None and Path(world).exists():

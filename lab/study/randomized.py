@@ -64,13 +64,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 import interp
 from interp.models import Model
+from interp.plots import export
 from interp.relations import Relation
 from interp.resampling import bootstrap_indices, percentile_interval
 from interp.results import write_json, write_table
-from lab.stages import DERIVED, Runner, Stage, Task, parquet_codec
+from lab.stages import DERIVED, Codec, Runner, Stage, Task, parquet_codec
 from lab.world import TrainConfig, World, from_world
 from lab.world.arms import ARMS, stratified_halves
 from lab.world.report import recall
@@ -118,9 +120,19 @@ class ArmKnowledgeInputs:
     progress: bool | None = field(default=None, metadata=DERIVED)
 
 
-def arm_knowledge(inputs: ArmKnowledgeInputs) -> pd.DataFrame:
-    """One row per (relation, arm, layer): the probe's kappa and accuracy cross-validated within
-    the arm's subjects (arm ``"all"``: every subject), and the arm's recall of the corpus query."""
+@dataclass(frozen=True)
+class ArmKnowledge:
+    """``layers``: one row per (relation, arm, layer): the probe's kappa and accuracy
+    cross-validated within the arm's subjects (arm ``"all"``: every subject) and the arm's recall
+    of the corpus query; ``readout``: every subject's cross-validated prediction (relation, arm,
+    layer, subject, answer, predicted), for per-relation CIs."""
+
+    layers: pd.DataFrame
+    readout: pd.DataFrame
+
+
+def arm_knowledge(inputs: ArmKnowledgeInputs) -> ArmKnowledge:
+    """Readability and recall per relation and arm (:class:`ArmKnowledge`)."""
     world = World.generate(inputs.spec)
     arms = {"all": set(world.subjects)} | {a: {s for s in world.subjects if world.arm[s] == a} for a in ARMS}
     relations = [_subset(r, arms[a], f"{r.name}|{a}") for r in from_world(world) for a in ("all",) + ARMS]
@@ -131,9 +143,15 @@ def arm_knowledge(inputs: ArmKnowledgeInputs) -> pd.DataFrame:
     hits = recall(inputs.model, world)
     hits["arm"] = hits.subject.map(world.arm)
     rec = pd.concat([hits.assign(arm="all"), hits]).groupby(["relation", "arm"]).correct.mean().rename("recall")
-    return layers.merge(rec.reset_index(), on=["relation", "arm"])[
-        ["relation", "arm", "layer", "kappa", "accuracy", "recall"]
-    ]
+    ro = sweep.readout_[sweep.readout_.seed == sweep.readout_.seed.min()]
+    ro = ro[["relation", "layer", "subject", "answer", "predicted"]].copy()
+    ro[["relation", "arm"]] = ro.relation.str.split("|", expand=True)
+    return ArmKnowledge(
+        layers.merge(rec.reset_index(), on=["relation", "arm"])[
+            ["relation", "arm", "layer", "kappa", "accuracy", "recall"]
+        ],
+        ro[["relation", "arm", "layer", "subject", "answer", "predicted"]].reset_index(drop=True),
+    )
 
 
 def _subset(r: Relation, subjects: set[str], name: str) -> Relation:
@@ -144,7 +162,19 @@ def _subset(r: Relation, subjects: set[str], name: str) -> Relation:
     )
 
 
-ARM_KNOWLEDGE = Stage("readability and recall per arm", arm_knowledge, parquet_codec())
+_PARQUET = parquet_codec()
+
+
+def _save_knowledge(k: ArmKnowledge, path: Path) -> None:
+    _PARQUET.write(k.readout, path.with_name("arms_readout.parquet"))
+    _PARQUET.write(k.layers, path)  # last: its presence means both were written
+
+
+def _load_knowledge(path: Path) -> ArmKnowledge:
+    return ArmKnowledge(_PARQUET.read(path), _PARQUET.read(path.with_name("arms_readout.parquet")))
+
+
+ARM_KNOWLEDGE = Stage("readability and recall per arm", arm_knowledge, Codec(_save_knowledge, _load_knowledge))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -239,7 +269,8 @@ ARM_FINETUNE = Stage("fine-tune by arm", run_arm_job)
 # the analysis
 def arm_kappas(truth: np.ndarray, pred: np.ndarray, masks: np.ndarray) -> np.ndarray:
     """Cohen's kappa of ``pred`` against ``truth`` (label indices, ``[n]``) on each subset of
-    ``masks`` (``[draws, n]`` bool), vectorized: ``[draws]`` (NaN where undefined)."""
+    ``masks`` (``[draws, n]`` bool, or counts: a bootstrap resample's multiplicities), vectorized:
+    ``[draws]`` (NaN where undefined)."""
     n_labels = int(max(truth.max(initial=0), pred.max(initial=0))) + 1
     y, p = np.eye(n_labels)[truth], np.eye(n_labels)[pred]
     m = masks.astype(float)
@@ -299,19 +330,49 @@ def mean_delta(heldouts: Sequence[HeldOut], relations: Sequence[str], augmented:
 
 def randomization_test(
     heldouts: Sequence[HeldOut],
-    relations: Sequence[str],
+    groups: dict[str, Sequence[str]],
     strata: Sequence,
     observed_arms: np.ndarray,
     n: int,
     seed: int,
-) -> dict:
-    """T for ``relations`` and its two-sided randomization p-value (``n`` stratified redraws)."""
-    t = float(mean_delta(heldouts, relations, observed_arms[None])[0])
+) -> dict[str, dict]:
+    """T for each group of relations and its two-sided randomization p-value, from the same ``n``
+    stratified redraws for every group; also ``"<a> - <b>"`` for the first two groups (the
+    manipulated relations' T beyond the controls')."""
     draws = stratified_halves(strata, np.random.default_rng(seed), n)
-    null = np.concatenate([mean_delta(heldouts, relations, draws[i : i + 500]) for i in range(0, n, 500)])
-    null = null[np.isfinite(null)]
-    p = float((1 + np.sum(np.abs(null) >= abs(t) - 1e-12)) / (len(null) + 1)) if math.isfinite(t) else float("nan")
-    return {"estimate": t, "p_value": p, "n_redraws": int(len(null)), "null_sd": float(np.std(null))}
+    obs = {g: float(mean_delta(heldouts, rels, observed_arms[None])[0]) for g, rels in groups.items()}
+    null = {
+        g: np.concatenate([mean_delta(heldouts, rels, draws[i : i + 500]) for i in range(0, n, 500)])
+        for g, rels in groups.items()
+    }
+    names = list(groups)
+    if len(names) >= 2:
+        key = f"{names[0]} - {names[1]}"
+        obs[key], null[key] = obs[names[0]] - obs[names[1]], null[names[0]] - null[names[1]]
+    out = {}
+    for g, t in obs.items():
+        z = null[g][np.isfinite(null[g])]
+        p = float((1 + np.sum(np.abs(z) >= abs(t) - 1e-12)) / (len(z) + 1)) if math.isfinite(t) else float("nan")
+        out[g] = {"estimate": t, "p_value": p, "n_redraws": int(len(z)), "null_sd": float(np.std(z))}
+    return out
+
+
+def bootstrap_delta(
+    groups: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], n_boot: int, seed: int
+) -> tuple[float, float]:
+    """95% percentile CI of kappa(augmented) - kappa(plain), mean over ``groups`` (one per seed:
+    truth, pred, augmented mask), resampling subjects within each arm."""
+    rng = np.random.default_rng(seed)
+    total = np.zeros(n_boot)
+    for truth, pred, aug in groups:
+        d = np.zeros(n_boot)
+        for sign, mask in ((1, aug), (-1, ~aug)):
+            idx = np.flatnonzero(mask)
+            w = np.zeros((n_boot, len(truth)))
+            w[:, idx] = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), n_boot) if len(idx) else 0
+            d += sign * arm_kappas(truth, pred, w)
+        total += d
+    return percentile_interval((total / len(groups))[np.isfinite(total)], 0.95) if groups else (np.nan, np.nan)
 
 
 def bootstrap_mean(values: np.ndarray, n_boot: int, seed: int) -> dict:
@@ -366,6 +427,61 @@ def decide(first_stage: dict, primary: dict, control: dict, beta: dict | None, s
     if stage_holds and primary["p_value"] >= 0.05 and beta and slope and beta["ci_high"] < slope["estimate"]:
         return "refutes"
     return "open"
+
+
+def _ci_bars(g: pd.DataFrame, column: str) -> dict:
+    """Plotly error bars from ``column`` and its ``_ci_low`` / ``_ci_high`` columns."""
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": g[f"{column}_ci_high"] - g[column],
+        "arrayminus": g[column] - g[f"{column}_ci_low"],
+        "thickness": 1,
+    }
+
+
+def effects_figure(df: pd.DataFrame, summary: dict) -> go.Figure:
+    """Per relation: Δρ (x) against Δg (y) with 95% CIs (subjects resampled within arms), by
+    group, and the line the cross-sectional slope predicts through the origin."""
+    fig = go.Figure()
+    for group, color in (("manipulated", "#d62728"), ("control", "#1f77b4"), ("derived", "#7f7f7f")):
+        g = df[df.group == group]
+        if g.empty:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=g.delta_readability,
+                y=g.delta_generalization,
+                mode="markers+text",
+                text=g.relation,
+                textposition="top center",
+                name=group,
+                marker={"color": color, "size": 9},
+                error_x=_ci_bars(g, "delta_readability"),
+                error_y=_ci_bars(g, "delta_generalization"),
+            )
+        )
+    slope = summary.get("cross_sectional_slope", {}).get("estimate")
+    if slope is not None and np.isfinite(slope):
+        x = np.array([df.delta_readability_ci_low.min(), df.delta_readability_ci_high.max()])
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=slope * x,
+                mode="lines",
+                name=f"cross-sectional slope {slope:.2f}",
+                line={"dash": "dash", "color": "black"},
+            )
+        )
+    fig.update_layout(
+        title="Randomized writing: readability vs generalization, augmented − plain (kappa)",
+        xaxis_title="Δ readability (augmented − plain)",
+        yaxis_title="Δ generalization (augmented − plain)",
+        template="plotly_white",
+        width=900,
+        height=620,
+    )
+    return fig
 
 
 # ----------------------------------------------------------------------------------------------
@@ -436,7 +552,7 @@ def randomized_causal_test(
     ckpt = runner.run(world_task(out, "world_randomized", spec, train, retrain=retrain, progress=progress)).folder
     model = interp.load_model(str(ckpt))
     study = config.study
-    knowledge = runner.run(
+    knowledge: ArmKnowledge = runner.run(
         Task(
             ARM_KNOWLEDGE,
             ArmKnowledgeInputs(model, spec, study.folds, study.probe_C, progress),
@@ -474,6 +590,7 @@ def randomized_causal_test(
     write_table(df, out / "randomized.csv")
     write_table(arms_table, out / "randomized_arms.csv")
     write_json(summary, out / "randomized.json")
+    export(effects_figure(df, summary), out / "figures" / "randomized_effects", ("html", "png"))
     return df
 
 
@@ -500,7 +617,7 @@ def _power(relations, arms_of, manipulated, study, labels, config) -> pd.DataFra
 
 def analyze(
     world: World,
-    knowledge: pd.DataFrame,
+    knowledge: ArmKnowledge,
     records: Sequence[dict | None],
     manipulated: Sequence[str],
     controls: Sequence[str],
@@ -513,7 +630,9 @@ def analyze(
     heldouts = [HeldOut.of(r, index) for r in done]
     observed = np.array([world.arm[s] == ARMS[0] for s in world.subjects])
     strata = [world.stratum(s) for s in world.subjects]
-    best = knowledge.loc[knowledge.groupby(["relation", "arm"]).kappa.idxmax()].set_index(["relation", "arm"])
+    layers = knowledge.layers
+    best = layers.loc[layers.groupby(["relation", "arm"]).kappa.idxmax()].set_index(["relation", "arm"])
+    readout = knowledge.readout
 
     arm_rows = []
     for src in SOURCES:
@@ -534,7 +653,9 @@ def analyze(
                         "n_seeds": len(hs),
                     }
                 )
-    arms_table = pd.DataFrame(arm_rows)
+    arms_table = pd.DataFrame(
+        arm_rows, columns=["relation", "source", "arm", "generalization_kappa", "n_heldout", "n_seeds"]
+    )
     rows = []
     for r in world.spec.relations:
         g = arms_table[(arms_table.relation == r.name) & (arms_table.source == "both")].set_index("arm")
@@ -558,15 +679,39 @@ def analyze(
         }
         row["delta_readability"] = row["readability_augmented"] - row["readability_plain"]
         row["delta_generalization"] = row["generalization_augmented"] - row["generalization_plain"]
+        # per-relation CIs: subjects resampled within each arm (readability at each arm's best layer)
+        parts = []
+        for arm in ARMS:
+            ro = readout[
+                (readout.relation == r.name)
+                & (readout.arm == arm)
+                & (readout.layer == best.loc[(r.name, arm), "layer"])
+            ]
+            parts.append(ro.assign(aug=arm == ARMS[0]))
+        ro = pd.concat(parts)
+        codes = {a: i for i, a in enumerate(sorted(set(ro.answer) | set(ro.predicted)))}
+        row["delta_readability_ci_low"], row["delta_readability_ci_high"] = bootstrap_delta(
+            [(ro.answer.map(codes).to_numpy(), ro.predicted.map(codes).to_numpy(), ro.aug.to_numpy())],
+            config.n_boot // 5,
+            0,
+        )
+        row["delta_generalization_ci_low"], row["delta_generalization_ci_high"] = bootstrap_delta(
+            [(h.truth, h.pred, observed[h.subjects]) for h in hs], config.n_boot // 5, 0
+        )
         row["delta_recall"] = row["recall_augmented"] - row["recall_plain"]
         rows.append(row)
     df = pd.DataFrame(rows)
     m, c = df[df.group == "manipulated"], df[df.group == "control"]
     seed, nb = 0, config.n_boot
-    primary = randomization_test(heldouts, [h for h in manipulated], strata, observed, config.n_redraws, seed)
-    primary |= {k: v for k, v in bootstrap_mean(m.delta_generalization, nb, seed).items() if k != "estimate"}
-    control = randomization_test(heldouts, list(controls), strata, observed, config.n_redraws, seed + 1)
-    control |= {k: v for k, v in bootstrap_mean(c.delta_generalization, nb, seed).items() if k != "estimate"}
+    tests = randomization_test(
+        heldouts, {"manipulated": manipulated, "controls": controls}, strata, observed, config.n_redraws, seed
+    )
+    primary = tests["manipulated"] | {
+        k: v for k, v in bootstrap_mean(m.delta_generalization, nb, seed).items() if k != "estimate"
+    }
+    control = tests["controls"] | {
+        k: v for k, v in bootstrap_mean(c.delta_generalization, nb, seed).items() if k != "estimate"
+    }
     first_stage = bootstrap_mean(m.delta_readability, nb, seed)
     iv = ratio_and_slope(df, manipulated, nb, seed)
     one_arm = {}
@@ -583,6 +728,11 @@ def analyze(
         "recall_delta": bootstrap_mean(m.delta_recall, nb, seed),
         "primary_mean_delta_generalization": primary,
         "negative_control_mean_delta_generalization": control,
+        # exploratory, not pre-registered: the manipulated relations' mean delta beyond the controls'
+        "exploratory_manipulated_minus_controls": {
+            "delta_generalization": tests["manipulated - controls"],
+            "delta_readability": float(m.delta_readability.mean() - c.delta_readability.mean()),
+        },
         **iv,
         "one_arm_finetunes": one_arm,
         "decision": decide(first_stage, primary, control, iv.get("beta"), iv.get("cross_sectional_slope")),
