@@ -49,6 +49,7 @@ from lab.study.findings import write_findings
 from lab.study.interventions import InterventionConfig, Interventions
 from lab.study.interventions import section as intervention_section
 from lab.study.predictors import compare_predictors
+from lab.study.randomized import randomized_causal_test
 from lab.study.report import write_report
 from lab.study.run import default_config
 from lab.study.summary import calibrate_folder
@@ -279,8 +280,6 @@ def study_causal(
     shipped (randomized: about 9 minutes on 2 cores with --executor processes; two-worlds: about
     5); --retrain pretrains (about 25-35 minutes per world)."""
     if design == "randomized":
-        from lab.study.randomized import randomized_causal_test
-
         df = randomized_causal_test(out, train=TrainConfig(steps=steps), retrain=retrain, executor=executor)
         typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         typer.echo((out / "randomized.json").read_text())
