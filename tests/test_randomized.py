@@ -149,6 +149,12 @@ def test_randomization_p_is_calibrated_on_a_world_with_no_effect():
     arms = stratified_halves(strata, rng)
     planted = _null_heldouts(rng, n, rels, effect=0.5, augmented=arms)
     assert randomization_test(planted, {"all": rels}, strata, arms, 499, 0)["all"]["p_value"] < 0.01
+    # T is defined on fine-tunes from both arms: a one-arm fine-tune with a huge effect never enters it
+    from lab.study.randomized import HeldOut
+
+    one_arm = [HeldOut(h.relation, "augmented", h.seed, h.subjects, h.truth, h.truth) for h in planted]
+    base = randomization_test(heldouts, {"all": rels}, strata, arms, 99, 0)["all"]
+    assert randomization_test(heldouts + one_arm, {"all": rels}, strata, arms, 99, 0)["all"] == base
 
 
 def test_power_grows_with_the_effect():
@@ -158,7 +164,8 @@ def test_power_grows_with_the_effect():
         [{"relation": r, "arm": a, "n_heldout": 300, "n_labels": 8} for r in "abcd" for a in ("augmented", "plain")]
     )
     power = power_analysis(cells, 0.3, [0.0, 0.05, 0.1, 0.2], n_sims=400, seed=0)
-    assert power.power.iloc[0] < 0.1 and power.power.is_monotonic_increasing and power.power.iloc[-1] > 0.95
+    assert 0.02 <= power.power.iloc[0] <= 0.09  # the test's size: 0.05
+    assert power.power.is_monotonic_increasing and power.power.iloc[-1] > 0.95
     assert 0.0 < smallest_detectable(power) <= 0.2
 
 

@@ -21,12 +21,16 @@ held out and scored in its arm. Each seed draws its own labels, fine-tuning set 
 
 - per relation, Δρ_r = readability(augmented) - readability(plain) and Δg_r = generalization
   kappa(augmented held-out) - (plain held-out), fine-tuned on both arms, averaged over seeds;
-- **primary**: T = mean Δg_r over the manipulated relations, with an exact randomization
-  p-value: the arms are redrawn within their strata (:func:`lab.world.arms.stratified_halves`, the
-  design's own mechanism; one draw relabels a subject in every relation at once, so subjects
-  stay clustered across relations) and T is recomputed from the saved held-out predictions;
-  two-sided, ``(1 + #{|T*| >= |T|}) / (n + 1)``. It tests the sharp null that the writing arm
-  changes no subject's held-out prediction, given the fine-tuned models;
+- **primary**: T = mean Δg_r over the manipulated relations (fine-tunes drawn from both arms
+  only), with a randomization p-value: the arms are redrawn within their strata
+  (:func:`lab.world.arms.stratified_halves`, the design's own mechanism; one draw relabels a
+  subject in every relation at once, so subjects stay clustered across relations) and T is
+  recomputed from the saved held-out predictions; two-sided, ``(1 + #{|T*| >= |T|}) / (n + 1)``.
+  It tests the sharp null that the writing arm
+  changes no subject's held-out prediction, given the fine-tuned models. It is not exact: the
+  fine-tuning subjects were drawn per (answer, arm), so given the fine-tuning set the held-out
+  arms' sizes are fixed, while the redraws let them vary (by about ±7 of ~720 held-out subjects
+  per relation: a small, slightly conservative approximation);
 - **secondary**: β = ΣΔg / ΣΔρ over the manipulated relations (the effect of readability on
   generalization, an instrumental-variable estimate with the coin as instrument), with a
   bootstrap CI over relations, beside the cross-sectional slope of generalization on readability
@@ -338,7 +342,9 @@ def randomization_test(
 ) -> dict[str, dict]:
     """T for each group of relations and its two-sided randomization p-value, from the same ``n``
     stratified redraws for every group; also ``"<a> - <b>"`` for the first two groups (the
-    manipulated relations' T beyond the controls')."""
+    manipulated relations' T beyond the controls'). T is defined on the fine-tunes drawn from
+    both arms: one-arm fine-tunes (the second factor) never enter it."""
+    heldouts = [h for h in heldouts if h.source == "both"]
     draws = stratified_halves(strata, np.random.default_rng(seed), n)
     obs = {g: float(mean_delta(heldouts, rels, observed_arms[None])[0]) for g, rels in groups.items()}
     null = {
@@ -358,21 +364,26 @@ def randomization_test(
 
 
 def bootstrap_delta(
-    groups: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], n_boot: int, seed: int
+    groups: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], augmented: np.ndarray, n_boot: int, seed: int
 ) -> tuple[float, float]:
     """95% percentile CI of kappa(augmented) - kappa(plain), mean over ``groups`` (one per seed:
-    truth, pred, augmented mask), resampling subjects within each arm."""
+    truth, pred and the world-subject index of each row). Subjects are resampled within their arm
+    (``augmented``: ``[n_subjects]`` bool) once per replicate, and the same multiplicities apply
+    to every seed, since the seeds share most held-out subjects."""
+    if not groups:
+        return (np.nan, np.nan)
     rng = np.random.default_rng(seed)
+    weights = np.zeros((n_boot, len(augmented)))
+    for mask in (augmented, ~augmented):
+        idx = np.flatnonzero(mask)
+        if len(idx):
+            weights[:, idx] = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), n_boot)
     total = np.zeros(n_boot)
-    for truth, pred, aug in groups:
-        d = np.zeros(n_boot)
-        for sign, mask in ((1, aug), (-1, ~aug)):
-            idx = np.flatnonzero(mask)
-            w = np.zeros((n_boot, len(truth)))
-            w[:, idx] = rng.multinomial(len(idx), np.full(len(idx), 1 / len(idx)), n_boot) if len(idx) else 0
-            d += sign * arm_kappas(truth, pred, w)
-        total += d
-    return percentile_interval((total / len(groups))[np.isfinite(total)], 0.95) if groups else (np.nan, np.nan)
+    for truth, pred, subjects in groups:
+        w, aug = weights[:, subjects], augmented[subjects]
+        total += arm_kappas(truth, pred, w * aug) - arm_kappas(truth, pred, w * ~aug)
+    total /= len(groups)
+    return percentile_interval(total[np.isfinite(total)], 0.95)
 
 
 def bootstrap_mean(values: np.ndarray, n_boot: int, seed: int) -> dict:
@@ -494,7 +505,8 @@ def power_analysis(
     ``cells``: one row per (relation, arm) with ``n_heldout`` and ``n_labels``. Held-out truth is
     uniform over the labels; a prediction is right with the probability that gives kappa
     ``base_kappa ± effect / 2`` in the arm (else a uniformly drawn wrong label). The critical
-    value is the 97.5% quantile of |T| at zero effect from the same simulation."""
+    value is the 95% quantile of |T| at zero effect from the same simulation (a two-sided test at
+    level 0.05)."""
     rng = np.random.default_rng(seed)
 
     def simulate(effect: float) -> np.ndarray:
@@ -518,7 +530,7 @@ def power_analysis(
             ts += d
         return ts / cells.relation.nunique()
 
-    crit = float(np.quantile(np.abs(simulate(0.0)), 0.975))
+    crit = float(np.quantile(np.abs(simulate(0.0)), 0.95))
     rows = [
         {"effect": float(e), "power": float(np.mean(np.abs(simulate(e)) > crit)), "critical_T": crit} for e in effects
     ]
@@ -691,12 +703,13 @@ def analyze(
         ro = pd.concat(parts)
         codes = {a: i for i, a in enumerate(sorted(set(ro.answer) | set(ro.predicted)))}
         row["delta_readability_ci_low"], row["delta_readability_ci_high"] = bootstrap_delta(
-            [(ro.answer.map(codes).to_numpy(), ro.predicted.map(codes).to_numpy(), ro.aug.to_numpy())],
+            [(ro.answer.map(codes).to_numpy(), ro.predicted.map(codes).to_numpy(), ro.subject.map(index).to_numpy())],
+            observed,
             config.n_boot // 5,
             0,
         )
         row["delta_generalization_ci_low"], row["delta_generalization_ci_high"] = bootstrap_delta(
-            [(h.truth, h.pred, observed[h.subjects]) for h in hs], config.n_boot // 5, 0
+            [(h.truth, h.pred, h.subjects) for h in hs], observed, config.n_boot // 5, 0
         )
         row["delta_recall"] = row["recall_augmented"] - row["recall_plain"]
         rows.append(row)

@@ -9,8 +9,9 @@ the two arms have the same number of subjects, mentions and tokens by constructi
 subject per odd stratum, and the arm is independent of those covariates.
 
 The causal test's randomization p-value redraws the arms with :func:`stratified_halves` itself,
-so the null distribution is the design's own assignment mechanism (Fisher's exact test of the
-sharp null that the arm changes no subject's outcome).
+so the null distribution is the design's own assignment mechanism (a Fisher randomization test
+of the sharp null that the arm changes no subject's outcome; see :mod:`lab.study.randomized` for
+why it is approximate there).
 """
 
 from __future__ import annotations

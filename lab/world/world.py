@@ -177,8 +177,10 @@ class World:
         biography; a subject of the plain arm gets each fact as a statement with the canonical
         template, as many times, and the statements are grouped (seeded) into documents of as
         many statements, each about a different subject. So both arms have the same number of
-        mentions, sentences, tokens and documents per subject, and differ in how a subject's
-        facts are written: together, in varied words (augmented) or apart, in one wording (plain).
+        mentions, sentences and tokens per subject, and the same number of documents per arm;
+        they differ in how a subject's facts are written: together, in varied words, in few
+        documents (augmented) or apart, in the query's own wording, spread over documents shared
+        with other subjects (plain).
         Every other relation is written as if no relation were randomized.
         """
         seed = self.spec.seed
