@@ -120,6 +120,9 @@ class Architecture:
     #: ``hook_resid_pre`` in a parallel one); None in a post-norm block (BERT), whose MLP reads the
     #: normalized sum of the attention sublayer, which no residual site precedes
     mlp_norm: str | None = None
+    #: the linear layers LoRA adapts (module-name suffixes, as peft's ``target_modules``): every
+    #: block's attention and MLP projections, named as this family names them
+    lora: tuple[str, ...] = ()
 
     def location(self, site: str) -> Location:
         return self.locations[parse_site(site).kind]
@@ -162,6 +165,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         layers="h",
         attn_norm="h.{l}.ln_1",
         mlp_norm="h.{l}.ln_2",
+        lora=("c_attn", "c_proj", "c_fc"),
     ),
     "gpt_neox": Architecture(
         "gpt_neox",
@@ -180,6 +184,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         layers="layers",
         attn_norm="layers.{l}.input_layernorm",
         mlp_norm="layers.{l}.post_attention_layernorm",
+        lora=("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"),
     ),
     "llama": Architecture(
         "llama",
@@ -200,6 +205,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         layers="layers",
         attn_norm="layers.{l}.input_layernorm",
         mlp_norm="layers.{l}.post_attention_layernorm",
+        lora=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     ),
     "bert": Architecture(
         "bert",
@@ -217,6 +223,8 @@ ARCHITECTURES: dict[str, Architecture] = {
             "hook_resid_post": Location("encoder.layer.{l}", "output", _first_of_tuple()),
         },
         layers="encoder.layer",
+        # every block's attention and MLP layers, not the pooler (its `dense` is unused by a read-out at a token)
+        lora=("query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense"),
     ),
 }
 

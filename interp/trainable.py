@@ -26,18 +26,13 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 
+from .architectures import ARCHITECTURES, MODEL_TYPES
+
 Tensor = torch.Tensor
 
-#: linear layers LoRA adapts, per HuggingFace ``model_type`` (peft's defaults where it has them)
-LORA_TARGETS: dict[str, list[str]] = {
-    "gpt2": ["c_attn", "c_proj", "c_fc"],
-    "gpt_neox": ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"],
-    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    # every block's attention and MLP layers, not the pooler (its `dense` is unused by a read-out at a token)
-    "bert": ["query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense"],
-}
-for _family in ("qwen2", "qwen3", "mistral"):
-    LORA_TARGETS[_family] = LORA_TARGETS["llama"]
+#: HuggingFace ``model_type`` -> the linear layers LoRA adapts, from the architecture table
+#: (:attr:`interp.architectures.Architecture.lora`, one entry per family)
+LORA_TARGETS: dict[str, list[str]] = {t: list(ARCHITECTURES[a].lora) for t, a in MODEL_TYPES.items()}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ all train with it, so each seeds, sets its thread count and reports progress the
             loop.stop()
 
 ``threads`` applies for the loop's duration only (the caller's setting is restored); ``None``
-keeps the current one. A row gets the step first and the wall-clock ``seconds`` last.
+keeps the current one. A row gets the step first and the wall-clock ``seconds`` last. A resumed
+run passes ``start`` (the first step still to run), the rows logged so far and the seconds they
+took, so its log reads as one run's.
 """
 
 from __future__ import annotations
@@ -45,13 +47,18 @@ class TrainingLoop:
         threads: int | None = None,
         progress: bool | None = None,
         log_every: int = 50,
+        start: int = 0,
+        rows: list[dict] | None = None,
+        elapsed: float = 0.0,
     ):
         self.steps = steps
+        self.start = start
+        self.elapsed = elapsed
         self.desc = desc
         self.threads = threads
         self.progress = progress
         self.log_every = log_every
-        self.rows: list[dict] = []
+        self.rows: list[dict] = list(rows or [])
         self._stop = False
         self._bar = None
         self._start = time.time()
@@ -60,8 +67,8 @@ class TrainingLoop:
         before = torch.get_num_threads()
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        self._start = time.time()
-        self._bar = progress_bar(range(self.steps), desc=self.desc, unit="step", progress=self.progress)
+        self._start = time.time() - self.elapsed
+        self._bar = progress_bar(range(self.start, self.steps), desc=self.desc, unit="step", progress=self.progress)
         try:
             for step in self._bar:
                 yield step

@@ -6,16 +6,21 @@ relation circuits, grokking, in-context learning), executors for distributed run
 (:mod:`lab.executors`), figure regeneration (:mod:`lab.figures`) and the ``interp`` command line
 (:mod:`lab.cli`). It may import everything below it (``interp``, ``probes``, ``circuits``,
 ``jacobians``); nothing below imports it. Its built-in models reach
-:func:`interp.load_model` through the ``interp.models`` entry points (``"world"``,
-``"induction"``), registered again here for a checkout used without installing.
+:func:`interp.load_model` through the ``interp.models`` entry points (``"world"``, the zoo's
+``"world-llama"``, ``"world-neox"`` and ``"world-deep"``, ``"induction"``), registered again here for a checkout
+used without installing.
 """
 
 from interp.models import register_model
 
 from .experiments.induction import checkpoint_dir as induction_checkpoint_dir
 from .world.checkpoint import default_checkpoint_dir as world_checkpoint_dir
+from .world.zoo import ZOO
 
 register_model("world", world_checkpoint_dir)
 register_model("induction", induction_checkpoint_dir)
+for _entry in ZOO.values():
+    if _entry.name != "world":
+        register_model(_entry.name, _entry.checkpoint_dir)
 
 __all__ = ["induction_checkpoint_dir", "world_checkpoint_dir"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import transformers
@@ -45,6 +45,7 @@ from lab.figures import regenerate
 from lab.study import StudyConfigError, run_study
 from lab.study.ablation import ablate
 from lab.study.causal import causal_test
+from lab.study.compare import CompareError, compare_studies
 from lab.study.findings import write_findings
 from lab.study.interventions import InterventionConfig, Interventions
 from lab.study.interventions import section as intervention_section
@@ -55,7 +56,8 @@ from lab.study.run import default_config
 from lab.study.summary import calibrate_folder
 from lab.world import default_spec, from_world, load_world, train_world_model
 from lab.world.report import knowledge_report, readability
-from lab.world.train import TrainConfig
+from lab.world.train import ARCHS, TrainConfig, check_config, recipe, trained_on
+from lab.world.zoo import ZOO, zoo_model
 from probes import best_layer_readability
 
 # The command line works offline and quietly unless told otherwise; set in the environment so that
@@ -172,6 +174,17 @@ def study(
                 f"  {k:<32} r = {v['r']:.3f}  Monte-Carlo p = {v.get('p_monte_carlo', float('nan')):.3g}  "
                 f"p = {v['p_value']:.3g}"
             )
+    for key, what in (("above_surface", "above random weights"), ("above_baseline", "above max(random, embeddings)")):
+        if key in s:
+            q = s[key].get("pearson", {})
+            typer.echo(
+                f"readability {what:<30} r = {q.get('r', float('nan')):.3f}  "
+                f"Monte-Carlo p = {q.get('p_monte_carlo', float('nan')):.3g}"
+            )
+    if "above_baseline" in s:
+        flagged = s["above_baseline"]["surface_flagged_relations"]
+        typer.echo(f"readable from their tokens (random-weight kappa > {s['above_baseline']['flag_threshold']}): "
+                   f"{', '.join(flagged) or 'none'}")  # fmt: skip
     nc = s["null_calibration"]
     typer.echo(
         f"null calibration ({nc['n_sim']} studies with no generalization): false-positive rate of the headline test "
@@ -204,6 +217,7 @@ def study_findings(
         None, help="a finished study on a pretrained model, e.g. `interp study --model minilm` (optional)"
     ),
     interventions: Path | None = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
+    compare: Path | None = typer.Option(None, help="an `interp study compare` folder (optional)"),
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
     """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model
@@ -217,8 +231,31 @@ def study_findings(
         real=real,
         interventions=interventions,
         randomized=randomized,
+        compare=compare,
     )
     typer.echo(f"wrote {page}")
+
+
+@study_app.command("compare")
+def study_compare(
+    folders: list[Path] = typer.Argument(..., help="finished study folders, one per model"),
+    name: list[str] | None = typer.Option(
+        None, help="the models' labels, one per folder (default: each study's model)"
+    ),
+    out: Path = typer.Option(Path("results/compare"), help="folder for the table and figures"),
+):
+    """The study across models: one table in the shape of the paper's (model, family, parameters,
+    relations, r with CI and Monte-Carlo p, partial r, mean kappas), small-multiple scatters, a
+    forest plot of r against the paper's band, and whether models rank relations alike (Kendall's W)."""
+    try:
+        table = compare_studies(folders, out, names=name or None)
+    except CompareError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from err
+    cols = ["model", "family", "parameters", "relations", "r", "ci_low", "ci_high", "p_monte_carlo", "partial_r_all",
+            "mean_generalization_kappa", "mean_readability_kappa", "failed_finetunes"]  # fmt: skip
+    typer.echo(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"wrote {out / 'compare.csv'} and {out / 'figures'}")
 
 
 @study_app.command("null")
@@ -321,13 +358,53 @@ def study_interventions(
 
 @world_app.command("train")
 def world_train(
-    out: Path = typer.Option(..., help="output checkpoint directory"),
-    steps: int = typer.Option(TrainConfig.steps, help="optimizer steps"),
+    out: Path | None = typer.Option(None, help="output checkpoint directory (default: the zoo model's shipped folder)"),
+    zoo: str | None = typer.Option(None, help=f"train a zoo model's recipe ({', '.join(ZOO)})"),
+    arch: str | None = typer.Option(None, help=f"architecture family ({', '.join(ARCHS)}); default gpt2"),
+    layers: int | None = typer.Option(None, help="layers"),
+    d_model: int | None = typer.Option(None, help="residual width"),
+    heads: int | None = typer.Option(None, help="attention heads"),
+    kv_heads: int | None = typer.Option(None, help="key/value heads (llama's grouped-query attention)"),
+    steps: int | None = typer.Option(None, help="optimizer steps"),
     seed: int = typer.Option(0, help="seed of the world and of training"),
     subjects: int = typer.Option(1000, help="number of subjects"),
+    force: bool = typer.Option(False, help="retrain a folder that already holds this recipe; allow --zoo world"),
 ):
-    """Generate the default world and pretrain the small LM on it (about 15 minutes on 2 cores)."""
-    path = train_world_model(default_spec(seed=seed, n_subjects=subjects), out, TrainConfig(steps=steps, seed=seed))
+    """Generate the default world and pretrain a small LM on it (on 2 cores about 20 minutes for the
+    4-layer GPT-2 model, 40 for the Llama one). Resumable: run the same command again after an
+    interruption."""
+    if zoo is None and out is None:
+        typer.echo("pass --out DIR (a new checkpoint) or --zoo NAME (a zoo model, into its shipped folder)", err=True)
+        raise typer.Exit(2)
+    overrides = {"arch": arch, "n_layers": layers, "d_model": d_model, "n_heads": heads, "n_kv_heads": kv_heads}
+    changed = [f"--{k}" for k, v in {**overrides, "steps": steps}.items() if v is not None]
+    changed += ["--seed"] * (seed != 0) + ["--subjects"] * (subjects != 1000)
+    try:
+        entry = zoo_model(zoo) if zoo else None
+        if entry is not None and out is None and changed:
+            raise ValueError(
+                f"--zoo {zoo} without --out trains into the zoo's shipped folder, which holds its recipe only; "
+                f"pass --out DIR to train a variant ({', '.join(changed)} given)"
+            )
+        if zoo == "world" and out is None and not force:
+            raise ValueError(
+                "--zoo world would overwrite the embedded model (lab/checkpoints/world), whose weights key every "
+                "saved result; pass --out DIR, or --force"
+            )
+        base = entry.train if entry else TrainConfig()
+        if arch is not None and arch != base.arch:
+            base = replace(base, n_kv_heads=None)  # grouped-query heads belong to the llama recipe
+        config = replace(base, seed=seed, **{k: v for k, v in overrides.items() if v is not None})
+        config = replace(config, steps=steps) if steps is not None else config
+        check_config(config)
+    except ValueError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from err
+    spec, target = default_spec(seed=seed, n_subjects=subjects), out or entry.path
+    if not force and trained_on(target) == (spec, recipe(asdict(config))):
+        typer.echo(f"{target} already holds this world and recipe (pass --force to train it again)")
+        return
+    path = train_world_model(spec, target, config)
     typer.echo(f"saved {path}")
 
 

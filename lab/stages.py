@@ -25,6 +25,8 @@ What a digest covers: every field of the inputs, except those declared with
 ``field(metadata=DERIVED)``: values computed from the other fields (a study's probe read-out is a
 function of the model, the relation and the configuration, all keyed), which may differ in the
 last float digit between a fresh and a resumed run without the step's inputs having changed.
+A field declared with ``field(metadata=ADDED)`` (added after results were keyed) enters only
+when it differs from its default, so results saved before it existed keep their keys.
 Objects digest by content: a model by its weights' fingerprint, a relation by its name,
 subjects, answers, prompts and properties, dataclasses field by field, tables by their values;
 a whole-valued float digests as the integer it equals (``lr=1`` and ``lr=1.0`` are one input).
@@ -60,6 +62,9 @@ DERIVED = {"digest": False}
 #: ``field(metadata=WHERE)``: where or how a step runs or writes (a folder, a thread count), not
 #: what it computes
 WHERE = {"digest": False}
+#: ``field(metadata=ADDED)``: a field added after results were keyed without it; keyed only when it
+#: differs from its default, so the keys of results made before it existed (at its default) hold
+ADDED = {"digest": "unless default"}
 
 
 REFUSAL = (
@@ -152,7 +157,12 @@ def content(value) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return {
             "type": type(value).__name__,
-            **{f.name: content(getattr(value, f.name)) for f in fields(value) if f.metadata.get("digest", True)},
+            **{
+                f.name: content(getattr(value, f.name))
+                for f in fields(value)
+                if f.metadata.get("digest", True) is True
+                or (f.metadata.get("digest") == ADDED["digest"] and getattr(value, f.name) != f.default)
+            },
         }
     if isinstance(value, pd.DataFrame):
         return {"table": hashlib.sha256(pd.util.hash_pandas_object(value, index=True).values.tobytes()).hexdigest()}

@@ -3,7 +3,8 @@
 - :class:`LinearProbe`: scikit-learn compatible multinomial logistic probe (L2);
 - :func:`fit_logistic`: the batched solver behind it, fitting thousands of probes at once;
 - :class:`ProbeSweep` / :func:`sweep`: relations x sites x folds x seeds, with control tasks,
-  as a tidy DataFrame, plus per-subject ranked read-outs;
+  as a tidy DataFrame, plus per-subject ranked read-outs; ``baselines=True`` adds the readability
+  of the input embeddings and of random-weight models (:mod:`probes.baselines`);
 - :class:`DiffMeansProbe`, :class:`RidgeProbe`: difference-of-means and continuous read-outs;
 - :func:`best_layer_readability` / :func:`readability_by_layer` / :func:`best_layers`: the one definition
   of a relation's readability (chance-corrected, :mod:`probes.chance`);

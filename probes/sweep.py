@@ -27,6 +27,7 @@ for every subject, the probe's ranked answers from the fold in which that subjec
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from interp.progress import progress_bar
 from interp.relations import Relation, RelationError
 from interp.sites import parse_site
 
+from .baselines import probe_baselines, with_baselines
 from .logistic import fit_logistic
 from .mdl import online_codelength
 
@@ -81,6 +83,11 @@ class ProbeSweep:
     sites_per_pass : with stored activations, load and fit this many sites at a time (default:
         all). With :class:`~interp.ActivationStore` values, whose shards are memory-mapped, peak
         memory is then one pass's features however large the store: out-of-core sweeps.
+    baselines : also probe the model's input embeddings and the same architecture with random
+        weights (``baseline_seeds``), with the same probe, folds and seeds
+        (:mod:`probes.baselines`), and add ``kappa``, ``embedding_kappa``, ``random_kappa``,
+        ``baseline_kappa`` and ``kappa_above_baseline`` to every row; the long table is
+        ``baselines_``. Needs a model (not stored activations) and ``readout``.
     """
 
     def __init__(
@@ -104,8 +111,12 @@ class ProbeSweep:
         progress: bool | None = None,
         readout_k: int | None = None,
         mdl: bool = False,
+        baselines: bool = False,
+        baseline_seeds: Sequence[int] = (0, 1, 2),
     ):
         self.mdl = mdl
+        self.baselines = baselines
+        self.baseline_seeds = tuple(baseline_seeds)
         self.readout = readout
         self.readout_k = readout_k
         self.sites = sites
@@ -134,6 +145,10 @@ class ProbeSweep:
             raise ValueError(f"folds must be at least 2, got {self.folds}")
         if not relations:
             raise ValueError("no relations to sweep")
+        if self.baselines and not isinstance(source, Model):
+            raise ValueError("baselines=True needs a model to rebuild with random weights, not stored activations")
+        if self.baselines and not self.readout:
+            raise ValueError("baselines=True compares pooled kappas from the read-out: keep readout=True")
         prepared = [self._prepare(r) for r in relations]
         if isinstance(source, Model):
             sites = list(self.sites or [source.resid_site(l) for l in range(source.n_layers)])
@@ -154,7 +169,27 @@ class ProbeSweep:
         self._check_finite(features)
         rows, readout = self._fit_all(prepared, features, model_name)
         self.readout_ = pd.DataFrame(readout)
+        if self.baselines:
+            self.baselines_ = self.baseline_table(source, relations)
+            return with_baselines(pd.DataFrame(rows), self.readout_, self.baselines_)
         return pd.DataFrame(rows)
+
+    def baseline_table(self, model: Model, relations: Sequence[Relation]) -> pd.DataFrame:
+        """The baselines alone (:func:`probes.baselines.probe_baselines`), with this sweep's probe,
+        folds, seeds and positions: one row per (relation, baseline, seed, site) with its kappa
+        (``baseline_seeds``: the random-weight models)."""
+        if not isinstance(model, Model):
+            raise ValueError("baselines need a model to rebuild with random weights, not stored activations")
+        run, seeds = self._baseline_run, self.baseline_seeds
+        return probe_baselines(run, model, relations, self.positions, seeds, self.batch_size)
+
+    def _baseline_run(self, source, relations, model_name):
+        """This sweep's probe, folds and seeds on a baseline's states (no control, MDL or baselines
+        of its own): its table and read-out."""
+        child = copy.copy(self)
+        child.baselines, child.control, child.mdl, child.readout, child.progress = False, False, False, True, False
+        child.sites = self.sites if isinstance(source, Model) else None
+        return child.run(source, relations, model_name), child.readout_
 
     def _run_stored(self, source, prepared, model_name: str) -> pd.DataFrame:
         """Stored activations, ``sites_per_pass`` sites at a time: with :class:`~interp.ActivationStore`

@@ -170,16 +170,32 @@ def test_a_transformer_lens_native_model_fine_tunes(model_dirs):
         model.trainable_copy(lora=LoraSpec())
 
 
-STUDY_TABLES = ("readability_layers", "probe_readout", "pretrained", "finetunes", "predictions", "relations", "stats")
+STUDY_TABLES = (
+    "readability_layers",
+    "readability_baselines",
+    "probe_readout",
+    "pretrained",
+    "finetunes",
+    "predictions",
+    "relations",
+    "stats",
+)
 
 
 @pytest.mark.slow
-def test_a_study_gives_the_same_tables_on_both_backends(tmp_path):
-    """The study runs only through the model handle, so the backend does not change its tables.
+@pytest.mark.parametrize("name", ["world", "world-llama"])
+def test_a_study_gives_the_same_tables_on_both_backends(name, tmp_path):
+    """The study runs only through the model handle, so the backend does not change its tables:
+    on the embedded GPT-2-shaped world and on the Llama-shaped zoo model (:data:`lab.world.zoo.ZOO`:
+    separate q/k/v, grouped-query attention, RoPE), with full fine-tuning, and with LoRA on Llama,
+    whose q/k/v projections are separate layers (GPT-2's and NeoX's fused q/k/v layer gets three
+    adapters on TransformerLens, one on HuggingFace: :mod:`interp.trainable`).
     Stated tolerances: floats (losses, accuracies averaged over folds, statistics) agree within
     1e-4, since the TransformerLens bridge computes attention its own way (~1e-7 per forward
     pass); a probe's ranking of *wrong* answers may swap two near-tied answers (at most 0.1% of the
-    rankings; the predicted answer never differs); ``trainable_params`` counts the bridge's own
+    rankings; the predicted answer never differs); the shuffled-label control probe, which fits
+    noise and has many near ties, may flip one subject's prediction in a fold (its accuracy and the
+    selectivity within 0.004); ``trainable_params`` counts the bridge's own
     parameters, which hold q/k/v both fused and split. Everything else (every prediction, label,
     count and string) is identical."""
     from conftest import STUDY_RELATIONS
@@ -188,7 +204,7 @@ def test_a_study_gives_the_same_tables_on_both_backends(tmp_path):
 
     config = StudyConfig(
         finetune_budget=(9, 16),
-        methods=("full",),
+        methods=("full", "lora") if name == "world-llama" else ("full",),
         label_seeds=(0,),
         finetune_seeds=(0,),
         other_categories=(),
@@ -201,25 +217,26 @@ def test_a_study_gives_the_same_tables_on_both_backends(tmp_path):
     tables = {}
     for backend in interp.BACKENDS:
         out = tmp_path / backend
-        run_study("world", STUDY_RELATIONS, out=out, config=config, backend=backend, progress=False)
-        tables[backend] = {name: pd.read_csv(out / f"{name}.csv") for name in STUDY_TABLES}
+        run_study(name, STUDY_RELATIONS, out=out, config=config, backend=backend, progress=False)
+        tables[backend] = {table: pd.read_csv(out / f"{table}.csv") for table in STUDY_TABLES}
     a, b = tables["nnsight"], tables["transformer_lens"]
-    for name in STUDY_TABLES:
-        x, y = a[name], b[name]
-        assert list(x.columns) == list(y.columns) and len(x) == len(y), name
+    for table in STUDY_TABLES:
+        x, y = a[table], b[table]
+        assert list(x.columns) == list(y.columns) and len(x) == len(y), table
         for col in x.columns:
             if col == "trainable_params":
                 continue
             if pd.api.types.is_float_dtype(x[col]):
-                assert (x[col].isna() == y[col].isna()).all(), (name, col)
-                assert not (x[col] - y[col]).abs().max() >= 1e-4, (name, col)
+                assert (x[col].isna() == y[col].isna()).all(), (table, col)
+                tol = 0.004 if col in ("control_accuracy", "selectivity") else 1e-4
+                assert not (x[col] - y[col]).abs().max() >= tol, (table, col)
             else:
                 differ = ~((x[col].isna() & y[col].isna()) | (x[col].astype(str) == y[col].astype(str)))
-                if (name, col) == ("probe_readout", "top_answers"):
+                if (table, col) == ("probe_readout", "top_answers"):
                     assert differ.mean() <= 0.001, differ.mean()
                 else:
                     assert not differ.any(), (
-                        name,
+                        table,
                         col,
                         x[col][differ].head(3).tolist(),
                         y[col][differ].head(3).tolist(),

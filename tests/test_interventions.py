@@ -118,6 +118,30 @@ def _tiny_study_config():
     )
 
 
+def test_steering_controls_draw_from_their_stated_distributions():
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(40, 6)), dtype=torch.float32)
+    y = ["a"] * 10 + ["b"] * 14 + ["c"] * 16
+    means = steering_arm.class_means(x, y)
+    assert sorted(means) == ["a", "b", "c"] and torch.allclose(means["b"], x[10:24].mean(0))
+    v = steering_arm.directions(means, [("a", "b"), ("c", "a")], 2.5)
+    assert torch.allclose(v[0], (means["b"] - means["a"]) / (means["b"] - means["a"]).norm() * 2.5)
+    assert all(abs(float(d.norm()) - 2.5) < 1e-5 for d in v)  # every control has the steering vector's norm
+    # Cramér's V: 0 for independent labels, 1 when one determines the other
+    assert steering_arm.cramers_v(list("aabb") * 5, list("abab") * 5) == pytest.approx(0.0)
+    assert steering_arm.cramers_v(list("aabbcc"), list("xxyyzz")) == pytest.approx(1.0)
+    # the other-relation control: the least associated relation on the same subjects, never the
+    # relation itself or one that determines it
+    subjects = [f"s{i}" for i in range(40)]
+    own = Relation("own", subjects, [f"o{i % 4}" for i in range(40)], "{} is")
+    derived = Relation("derived", subjects, [f"d{(i % 4) // 2}" for i in range(40)], "{} is")  # a function of own
+    unrelated = Relation("unrelated", subjects, [f"u{(i // 4) % 2}" for i in range(40)], "{} is")
+    sparse = Relation("sparse", subjects[:10], ["x", "y"] * 5, "{} is")  # covers too few subjects
+    name, answers = steering_arm.control_relation(own, [own, derived, unrelated, sparse], subjects)
+    assert name == "unrelated" and answers == dict(zip(subjects, unrelated.answers))
+    assert steering_arm.control_relation(own, [own, sparse], subjects) == (None, {})
+
+
 TINY_LABELS = {"animals": ("city", "country", "capital", "born", "part"), "vehicles": ("the", "a", "of", "on", "at")}
 
 
@@ -154,6 +178,14 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
         return fit(x, answers, n_random, seed)
 
     monkeypatch.setattr(arms, "fit_erasers", spy)
+    drawn = []  # (means, pairs, norm) of every class-structured steering direction
+    directions = steering_arm.directions
+
+    def spy_directions(means, pairs, norm):
+        drawn.append((means, list(pairs), norm))
+        return directions(means, pairs, norm)
+
+    monkeypatch.setattr(steering_arm, "directions", spy_directions)
     study_cfg = StudyConfig(
         finetune_budget=(60, 90),
         label_seeds=(0,),
@@ -188,6 +220,20 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
     assert (table.probe_after_kappa < 0.1).all(), table[["relation", "probe_before_kappa", "probe_after_kappa"]]
     assert table.probe_before_kappa.max() > 0.3
     assert (table.transfer_after_kappa < table.transfer_before_kappa).all()
+    # steering: this relation's class means, then shuffled answers' (same classes, wrong members),
+    # then another relation's on the same states; all of one norm
+    assert len(drawn) == 3 * len(WORLD_RELATIONS)
+    for k, name in enumerate(WORLD_RELATIONS):
+        (own, _, n0), (shuffled, _, n1), (other, pairs, n2) = drawn[3 * k : 3 * k + 3]
+        row = table.set_index("relation").loc[name]
+        assert own.keys() == shuffled.keys() and n0 == n1 == n2 == row.steer_norm
+        assert not all(torch.allclose(own[a], shuffled[a]) for a in own)
+        other_relation = run.study.relations[row.other_relation]
+        assert row.other_relation != name and set(other) <= set(other_relation.answers)
+        assert all(a in other and b in other and a != b for a, b in pairs)
+    steer = pd.read_csv(tmp_path / "steering.csv")
+    assert {"switched_shuffled", "switched_other", "other_relation"} <= set(steer)
+    assert {"switch_excess_shuffled", "switch_excess_other"} <= set(table)
     # a second run reads every arm from disk: no fine-tune runs again, same tables
     for module in (arms, steering_arm):
         monkeypatch.setattr(module, "finetune", lambda *a, **k: pytest.fail("a finished arm was fine-tuned again"))

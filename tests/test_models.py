@@ -19,6 +19,19 @@ def test_directory_loaders_match_the_hf_model(model_dirs, backend, family):
         torch.testing.assert_close(model.run(PROMPTS[:1]), hf(input_ids=ids).logits, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "gpt_neox", "llama_gqa"])
+def test_both_backends_list_the_same_sites_and_every_listed_site_fires(model_dirs, family):
+    """A site a backend lists is one a capture can read: TransformerLens's bridge lists
+    ``hook_pos_embed`` on rotary models, where no learned positions are added and it never fires."""
+    models = {b: interp.load_model(model_dirs[family], backend=b) for b in interp.BACKENDS}
+    sites = {b: m.sites for b, m in models.items()}
+    assert sites["nnsight"] == sites["transformer_lens"]
+    assert ("hook_pos_embed" in sites["nnsight"]) == (family == "gpt2")  # learned positions: GPT-2 only
+    for model in models.values():
+        acts = interp.capture(model, PROMPTS, sites=model.sites)
+        assert set(acts) == set(model.sites) and all(a.shape[0] == len(PROMPTS) for a in acts.values())
+
+
 def test_in_memory_modules_and_bridges(backend):
     hf, tok = build("gpt2")
     from_module = interp.load_model(hf, backend=backend, tokenizer=tok)

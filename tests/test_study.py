@@ -199,6 +199,57 @@ def test_small_study_outputs_are_consistent(finished):
 
 
 @pytest.mark.slow
+def test_the_study_reports_readability_above_its_baselines(finished):
+    """Each relation's baselines (input embeddings; random weights, mean over seeds, at its best
+    layer) come from the saved long table; readability above them is the best-layer kappa minus
+    them; the correlations with generalization are Pearson's, each with a Monte-Carlo p from the
+    study's own null (the same simulated outcomes as the headline)."""
+    out, result = finished
+    rel, stats, summary, null = (
+        result.table("relations"),
+        result.table("stats"),
+        result.summary,
+        result.table("null_calibration"),
+    )
+    long = pd.read_csv(out / "readability_baselines.csv")
+    assert set(long.baseline) == {"embedding", "random"} and set(long[long.baseline == "random"].seed) == {0, 1, 2}
+    for r in rel.itertuples():
+        emb = long[(long.relation == r.relation) & (long.baseline == "embedding")].kappa
+        rnd = long[(long.relation == r.relation) & (long.baseline == "random") & (long.layer == r.best_layer)].kappa
+        assert len(emb) == 1 and len(rnd) == 3
+        assert r.embedding_kappa == pytest.approx(emb.iloc[0]) and r.random_kappa == pytest.approx(rnd.mean())
+        assert r.baseline_kappa == pytest.approx(max(emb.iloc[0], rnd.mean()))
+        assert r.readability_above_baseline == pytest.approx(r.readability_best_kappa - r.baseline_kappa)
+        assert r.readability_above_surface == pytest.approx(r.readability_best_kappa - r.random_kappa)
+        assert r.baseline_flagged == (r.baseline_kappa > 0.2) and r.surface_flagged == (r.random_kappa > 0.2)
+    # random weights hold no knowledge: the world's invented names make nothing readable from them
+    assert rel.random_kappa.abs().max() < 0.1
+    for key, col in (("above_baseline", "readability_above_baseline"), ("above_surface", "readability_above_surface")):
+        want = sps.pearsonr(rel[col], rel.generalization_kappa_full).statistic
+        assert summary[key]["pearson"]["r"] == pytest.approx(want)
+        row = stats[(stats.method == "full") & (stats.predictor == col) & (stats.analysis == "pearson")].iloc[0]
+        nul = null[(null.method == "full") & (null.predictor == col) & (null.analysis == "pearson")].iloc[0]
+        assert row.r == pytest.approx(want) and nul.observed_r == pytest.approx(want)
+        assert summary[key]["pearson"]["p_monte_carlo"] == pytest.approx(nul.p_monte_carlo)
+    assert summary["above_baseline"]["flagged_relations"] == sorted(rel.relation[rel.baseline_flagged])
+    # the headline's null rows are the headline predictor's, not the baselines'
+    head_null = null[
+        (null.method == "full") & (null.predictor == "readability_best_kappa") & (null.analysis == "pearson")
+    ]
+    assert summary["headline"]["pearson"]["p_monte_carlo"] == pytest.approx(head_null.p_monte_carlo.iloc[0])
+
+
+def test_baseline_settings_are_checked_before_any_work(tmp_path):
+    from dataclasses import replace
+
+    from lab.study import StudyConfigError
+
+    for bad, match in ((dict(baseline_seeds=()), "baseline_seeds"), (dict(baseline_flag=2.0), "baseline_flag")):
+        with pytest.raises(StudyConfigError, match=match):
+            run_study("world", RELATIONS, out=tmp_path / "x", config=replace(SMALL, **bad), progress=False)
+    assert not (tmp_path / "x").exists()
+
+
 def test_same_seed_same_numbers_and_resume(finished, tmp_path):
     out, _ = finished
     partial_run = run_study("world", RELATIONS, out=tmp_path, config=SMALL, progress=False, max_jobs=5)
@@ -312,7 +363,11 @@ def test_the_worlds_of_both_causal_designs_are_shipped():
     randomized = shipped_checkpoint(randomized_spec(), TrainConfig())
     assert world is not None and twin is not None and randomized is not None
     assert len({world, twin, randomized}) == 3
-    assert sorted(shipped_world_checkpoints()) == sorted([world, twin, randomized])
+    from lab.world.zoo import ZOO
+
+    zoo = {m.path for m in ZOO.values()} - {world}
+    assert {world, twin, randomized} <= set(shipped_world_checkpoints())
+    assert set(shipped_world_checkpoints()) - {world, twin, randomized} <= zoo
     assert shipped_checkpoint(spec, TrainConfig(steps=10)) is None
     for path in (world, twin, randomized):
         assert (path / "model.safetensors").stat().st_size < 25e6

@@ -84,6 +84,10 @@ class TransformerLensBackend(Backend):
         self.n_kv_heads = int(getattr(cfg, "n_key_value_heads", None) or cfg.n_heads)
         self.d_head = int(cfg.d_head)
         hook_names = set(bridge.hook_dict)
+        if getattr(cfg, "positional_embedding_type", "standard") != "standard":
+            # a rotary (or ALiBi) model: the bridge lists hook_pos_embed, but no learned
+            # positions are ever added, so it never fires
+            hook_names.discard("hook_pos_embed")
         self.sites = [s for s in standard_sites(self.n_layers) if s in hook_names]
         self._accepted = sorted(hook_names)
         original = getattr(bridge, "original_model", None)

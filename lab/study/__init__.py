@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from .compare import compare_studies
 from .config import StudyConfig, StudySpec
 from .design import Design, finetune_budget, make_design, per_answer, relabel, split
 from .finetune import FinetuneConfig, finetune
@@ -23,6 +24,7 @@ __all__ = [
     "StudyConfigError",
     "StudyResult",
     "StudySpec",
+    "compare_studies",
     "finetune",
     "finetune_budget",
     "make_design",

@@ -26,7 +26,14 @@ from .finetune import FinetuneConfig
 SUMMARY_ONLY = {"digest": False, "summary_only": True}
 
 
+#: ``field(metadata=OWN_STAGE)``: a setting of one stage only (the readability baselines,
+#: :mod:`lab.study.baselines`), keyed by that stage's own inputs: not part of the fine-tunes' keys,
+#: and a folder is not refused for it (the stage is, if its inputs changed)
+OWN_STAGE = {"digest": False, "summary_only": True}
+
+
 def summary_only_fields() -> set[str]:
+    """The settings a folder is not refused for (:data:`SUMMARY_ONLY` and :data:`OWN_STAGE`)."""
     return {f.name for f in fields(StudyConfig) if f.metadata.get("summary_only")}
 
 
@@ -49,6 +56,12 @@ class StudyConfig:
     summary alone (:data:`SUMMARY_ONLY`). ``lr_check``: before the fine-tunes, pick each method's
     learning rate from a short grid on one relation (:mod:`lab.study.lr_check`); unset learning
     rates otherwise resolve per model (:meth:`lab.study.finetune.FinetuneConfig.for_model`).
+
+    ``baselines``: measure each relation's readability from representations that hold no
+    learned computation (input embeddings; the architecture with random weights,
+    ``baseline_seeds``) and report readability above that baseline (:mod:`lab.study.baselines`);
+    ``baseline_flag``: the baseline kappa above which a relation is flagged as readable from its
+    tokens.
     """
 
     category: str = "animals"
@@ -72,6 +85,9 @@ class StudyConfig:
     max_failed_share: float = field(default=0.1, metadata=SUMMARY_ONLY)
     lr_check: bool = False
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    baselines: bool = field(default=True, metadata=OWN_STAGE)
+    baseline_seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata=OWN_STAGE)
+    baseline_flag: float = field(default=0.2, metadata=SUMMARY_ONLY)
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))

@@ -72,6 +72,38 @@ METHODS = (
 )
 
 
+def baseline_lines(s: dict, rel: pd.DataFrame) -> list[str]:
+    """Readability above its baselines (:mod:`lab.study.baselines`): the two correlations beside
+    the headline, the flagged relations and the per-relation table; nothing for a study that did
+    not measure them."""
+    if "above_baseline" not in s:
+        return []
+    ab, su = s["above_baseline"], s["above_surface"]
+    thr = ab["flag_threshold"]
+
+    def corr(d):
+        p = d["pearson"]
+        mc = _p(p.get("p_monte_carlo"))
+        return f"r = **{_f(p['r'])}** ({_f(p['ci'][0])} to {_f(p['ci'][1])}; Monte-Carlo p = {mc})"
+
+    cols = ["relation", "best_layer", "readability_best_kappa", "random_kappa", "embedding_kappa",
+            "readability_above_surface", "readability_above_baseline", "surface_flagged",
+            "baseline_flagged"]  # fmt: skip
+    return [
+        "**Readability above baseline.** The same probe, folds and kappa on the same architecture with "
+        f"random weights ({len(ab['baseline_seeds'])} seeds; surface form: token identity and mixing, nothing learned) "
+        "and on the input embeddings (the token table: learned, so on a model whose subjects have tokens of their "
+        "own it holds knowledge too). Readability above the random-weight baseline vs generalization: "
+        f"{corr(su)}; above the larger of the two baselines: {corr(ab)}. Mean baseline kappa: random weights "
+        f"{_f(ab['mean_random_kappa'])}, embeddings {_f(ab['mean_embedding_kappa'])}. Relations whose random-weight "
+        f"kappa exceeds {thr} (readable from their tokens): {', '.join(ab['surface_flagged_relations']) or 'none'}; "
+        f"whose larger baseline does: {len(ab['flagged_relations'])} of {len(rel)}.",
+        "",
+        _table(rel[[c for c in cols if c in rel]].sort_values("readability_best_kappa", ascending=False)),
+        "",
+    ]
+
+
 def study_section(study: Path, figures_to: Path | None = None, prefix: str = "study") -> str:
     s = json.loads((study / "summary.json").read_text())
     stats = pd.read_csv(study / "stats.csv")
@@ -104,6 +136,7 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
         f"{_f(nc['raw_false_positive_rate'])} with no generalization at all.",
         "",
     ]
+    out += baseline_lines(s, rel)
     out += [
         "Mean generalization kappa: "
         + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
@@ -516,6 +549,66 @@ def randomized_section(folder: Path, docs: Path | None = None) -> str:
     return "\n".join(out)
 
 
+def _span(n: pd.Series) -> str:
+    lo, hi = int(n.min()), int(n.max())
+    return str(lo) if lo == hi else f"{lo} to {hi}"
+
+
+def compare_section(folder: Path, docs: Path | None = None) -> str:
+    """The study across models (``interp study compare``), from its saved tables."""
+    table = pd.read_csv(folder / "compare.csv")
+    meta = json.loads((folder / "compare_agreement.json").read_text())
+    pairs = pd.read_csv(folder / "compare_agreement.csv")
+    lo, hi = meta["paper_band"]
+    shown = table[
+        ["model", "family", "parameters", "relations", "n", "r", "ci_low", "ci_high", "p_monte_carlo",
+         "partial_r_all", "mean_generalization_kappa", "mean_readability_kappa", "failed_finetunes", "finetunes"]
+    ].copy()  # fmt: skip
+    shown["parameters"] = shown.parameters.map(lambda v: f"{v / 1e6:.2f}M" if pd.notna(v) else "n/a")
+    out = [
+        "## The study across models",
+        "",
+        f"`interp study compare` over {len(table)} finished studies: within each model, Pearson r of best-layer "
+        f"readability kappa with generalization kappa ({table.method.iloc[0]} fine-tuning, every study's headline "
+        "method), its 95% bootstrap CI and Monte-Carlo p against that study's simulated null, and the partial r "
+        "with every covariate. The world zoo's models read one corpus with one recipe and differ in architecture "
+        "family (`lab/world/zoo.py`: also in parameter count, and each is one pretraining run); their relations, "
+        f"labels and design are identical. The paper reports r = {lo}-{hi} within each of 11 LMs.",
+        "",
+        _table(shown),
+        "",
+    ]
+    inside = table[table.r.between(lo, hi)].model.tolist()
+    above = table[table.r > hi].model.tolist()
+    below = table[table.r < lo].model.tolist()
+    out += [
+        f"Inside the paper's band: {', '.join(inside) or 'none'}; above it: {', '.join(above) or 'none'}; "
+        f"below it: {', '.join(below) or 'none'}. The CIs are wide (n = {_span(table.n)} relations per model): a "
+        "model outside the band is not evidence against it unless its CI excludes the band.",
+        "",
+        "**Do models agree on which relations are readable?**",
+        "",
+    ]
+    for measure, label in (("readability_kappa", "Readability"), ("generalization_kappa", "Generalization")):
+        w = meta["kendalls_w"][measure]
+        part = pairs[pairs.measure == measure]
+        out.append(
+            f"- {label}: Kendall's W = {_f(w['w'])} over {w['n_relations']} relations shared by "
+            f"{w['n_models']} models ({', '.join(w['models'])}; Friedman p = {_p(w['p_friedman'])}, permutation "
+            f"p = {_p(w['p_permutation'])}); pairwise Spearman rho "
+            + "; ".join(f"{r.model_a} vs {r.model_b} {_f(r.rho, 2)}" for r in part.itertuples() if r.n >= 3)
+            + "."
+        )
+    out.append("")
+    for name, alt in (("compare_forest", "r per model with 95% CIs, the paper's band shaded"),
+                      ("compare_scatter", "readability vs generalization per model, shared axes")):  # fmt: skip
+        png = folder / "figures" / f"{name}.png"
+        if docs is not None and png.exists():
+            shutil.copyfile(png, docs / f"study_{name}.png")
+            out += [f"![{alt}](study_{name}.png)", ""]
+    return "\n".join(out)
+
+
 def write_findings(
     study: str | Path,
     out: str | Path = "docs/study.md",
@@ -526,11 +619,13 @@ def write_findings(
     real: str | Path | None = None,
     interventions: str | Path | None = None,
     randomized: str | Path | None = None,
+    compare: str | Path | None = None,
 ) -> Path:
     """Write the findings page from saved results (and copy the headline figures beside it):
     the study, and optionally the causal test, the world model's report table, the ablation and a
     study on a pretrained model (``real``: e.g. ``interp study --model minilm``'s folder), and the
-    interventions (``interventions``: ``interp study interventions``' folder)."""
+    interventions (``interventions``: ``interp study interventions``' folder), and the study across
+    models (``compare``: ``interp study compare``'s folder)."""
     study, out = Path(study), Path(out)
     parts = [
         "# Findings: the generalization study",
@@ -552,6 +647,8 @@ def write_findings(
         parts.append(interventions_section(Path(interventions), out.parent))
     if real is not None and (Path(real) / "qualification.csv").exists():
         parts.append(real_model_section(Path(real), out.parent))
+    if compare is not None and (Path(compare) / "compare.csv").exists():
+        parts.append(compare_section(Path(compare), out.parent))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text("\n".join(parts), out)
     return out

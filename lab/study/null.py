@@ -23,13 +23,16 @@ the nominal rate (tested on small settings in ``tests/test_study.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from .stats import COVARIATES
+
+#: predictor columns of a study's relation table tested beside the headline, when present
+OTHER_PREDICTORS = ("readability_above_baseline", "readability_above_surface")
 
 
 @dataclass
@@ -44,6 +47,9 @@ class NullDesign:
     covariates: pd.DataFrame  # [R, covariates]
     observed: np.ndarray | None = None  # the study's raw generalization [R]
     observed_kappa: np.ndarray | None = None  # the study's generalization kappa [R]
+    #: further kappa predictors tested against the same simulated outcomes, by column name [R]
+    #: (readability above its baselines: lab.study.baselines)
+    other_predictors: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def null_design(
@@ -75,6 +81,7 @@ def null_design(
         cov,
         None if obs is None else obs.to_numpy(float),
         None if obs_k is None else obs_k.to_numpy(float),
+        {c: relations[c].to_numpy(float) for c in OTHER_PREDICTORS if c in relations},
     )
 
 
@@ -194,10 +201,13 @@ def calibration_table(
     """
     raw, kap = simulate_outcomes(design, n_sim, seed)
     rows = []
-    for outcome, predictor, x, Y, obs in (
+    tests = [
         ("generalization_kappa", "readability_best_kappa", design.readability_kappa, kap, design.observed_kappa),
         ("generalization", "readability_best", design.readability, raw, design.observed),
-    ):
+    ]
+    for predictor, x in design.other_predictors.items():  # the same simulated outcomes, another predictor
+        tests.append(("generalization_kappa", predictor, x, kap, design.observed_kappa))
+    for outcome, predictor, x, Y, obs in tests:
         res = null_statistics(x, Y, design.covariates, n_perm=n_perm, seed=seed + 1)
         res_obs = null_statistics(x, obs[None, :], design.covariates, n_perm=9, seed=seed) if obs is not None else {}
         for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:

@@ -39,6 +39,7 @@ stage                  reads                                        writes
 =====================  ===========================================  ===============================================
 claim                  model fingerprint, relations, configuration  ``study.json`` (or refuses the folder)
 readability            model, relations                             ``readability*.csv``, ``probe_readout.*``
+readability baselines  model, relations, baseline seeds             ``readability_baselines.*``
 pretrained answers     model, relations                             ``pretrained.csv``, ``pretrained.parquet``
 learning-rate check    model, first relation, configuration         ``lr_check_<method>.json`` (``lr_check=True``)
 fine-tune (per job)    model, relation, configuration, job          ``runs/<job id>.json``
@@ -66,6 +67,7 @@ from lab.stages import Runner, Task
 from lab.world.vocab import LABELS
 from probes.readability import best_layers
 
+from .baselines import BASELINES, BaselineInputs
 from .config import StudyConfig, StudySpec, summary_only_fields
 from .design import Design
 from .jobs import FINETUNE, FinetuneInputs, Job, shuffled_backmap_rates, wrong_top
@@ -175,6 +177,15 @@ class Study:
         )
         return runner.run(Task(READABILITY, inputs, "probe_readout.parquet"))
 
+    def baselines(self, runner: Runner) -> pd.DataFrame | None:
+        """The readability baselines (:mod:`lab.study.baselines`; computed once, then read back),
+        or None when the configuration turns them off."""
+        c = self.config
+        if not c.baselines:
+            return None
+        inputs = BaselineInputs(self.model, self.spec.relations, c.folds, c.probe_C, c.baseline_seeds, self.progress)
+        return runner.run(Task(BASELINES, inputs, "readability_baselines.parquet"))
+
     def pretrained(self, runner: Runner) -> pd.DataFrame:
         """The pretrained model's answers and each subject's frequency (computed once, then read back)."""
         inputs = PretrainedInputs(self.model, self.spec.relations, self.subject_frequency, self.progress)
@@ -233,6 +244,7 @@ class Study:
         runner = self.runner()
         write_json({"untrained_prompt_tokens": notes}, self.out / "warnings.json")
         read = self.readability(runner)
+        baselines = self.baselines(runner)
         pretrained = self.pretrained(runner)
         best = best_layers(read.layers)
         config, checks = self.finetune_config(runner)
@@ -242,7 +254,7 @@ class Study:
         results = runner.map(tasks, executor=executor, desc="fine-tunes", labels=[j.id for j in jobs], limit=max_jobs)
         if any(r is None for r in results):
             return StudyResult(self.out, complete=False)
-        write_summary(spec, self.out, read, pretrained, results, best, notes, lr_check=checks)
+        write_summary(spec, self.out, read, pretrained, results, best, notes, lr_check=checks, baselines=baselines)
         return StudyResult(self.out, complete=True)
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 
 from interp.results import write_json, write_table
 
 from .backmap import backmap_summary, backmap_table
+from .baselines import baseline_columns
 from .config import StudySpec
 from .failures import failure_reason, failure_summary
 from .null import null_tables
@@ -35,6 +37,9 @@ PAIRS = [
 ]
 HEADLINE = PAIRS[0]
 RAW = PAIRS[2]
+#: the headline with readability above its baseline (:mod:`lab.study.baselines`), when measured
+ABOVE = ("readability_above_baseline", "generalization_kappa")
+ABOVE_SURFACE = ("readability_above_surface", "generalization_kappa")
 
 
 def relation_table(spec: StudySpec, layers, pretrained, runs, best, designed=None) -> pd.DataFrame:
@@ -183,12 +188,17 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
     stats = stats.merge(null[keys + ["p_monte_carlo"]], on=keys, how="left")
     m0 = summary["headline"]["method"]
 
-    def row(outcome, analysis="pearson"):
-        r = null[(null.method == m0) & (null.outcome == outcome) & (null.analysis == analysis)]
+    def row(part, analysis="pearson"):
+        r = null[
+            (null.method == m0) & (null.predictor == part[0]) & (null.outcome == part[1]) & (null.analysis == analysis)
+        ]
         return r.iloc[0] if len(r) else None
 
-    head, raw = row(HEADLINE[1]), row(RAW[1])
-    for key, (part, _r) in {"headline": (HEADLINE, head), "raw": (RAW, raw)}.items():
+    head, raw = row(HEADLINE), row(RAW)
+    parts = {"headline": HEADLINE, "raw": RAW}
+    if "above_baseline" in summary:
+        parts.update(above_baseline=ABOVE, above_surface=ABOVE_SURFACE)
+    for key, part in parts.items():
         for analysis, d in summary[key].items():
             if isinstance(d, dict) and "r" in d:
                 hit = stats[
@@ -198,7 +208,7 @@ def apply_null(stats: pd.DataFrame, null: pd.DataFrame, summary: dict) -> tuple[
                     & (stats.analysis == analysis)
                 ]
                 d["p_monte_carlo"] = float(hit.p_monte_carlo.iloc[0]) if len(hit) else float("nan")
-    kap = null[(null.method == m0) & (null.outcome == HEADLINE[1])]
+    kap = null[(null.method == m0) & (null.predictor == HEADLINE[0]) & (null.outcome == HEADLINE[1])]
     n_sim = int(null.n_sim.iloc[0]) if len(null) else 0
     summary["null_calibration"] = {
         "n_sim": n_sim,
@@ -257,6 +267,25 @@ def classified(record: dict, min_train_kappa: float) -> dict:
     return {**record, "status": "failed", "reason": reason} if reason else record
 
 
+def architecture(model) -> dict:
+    """What a cross-model table needs to know of the model: its HuggingFace ``model_type``
+    (the family), parameter count, layers and width. Parameters are counted on a fresh model of
+    the same class and config built on the meta device (tied weights once), since a backend's
+    wrapper may hold copies (TransformerLens' bridge runs GPT-2's fused q/k/v as three)."""
+    hf = model.hf_model
+    if hf is not None and hasattr(hf, "config"):
+        with torch.device("meta"):
+            module = type(hf)(hf.config)
+    else:
+        module = model.module
+    return {
+        "family": model.model_type,
+        "parameters": int(sum(p.numel() for p in module.parameters())),
+        "n_layers": model.n_layers,
+        "d_model": model.d_model,
+    }
+
+
 def write_summary(
     spec: StudySpec,
     out: Path,
@@ -266,11 +295,13 @@ def write_summary(
     best: dict[str, int],
     notes: Sequence[str] = (),
     lr_check: dict | None = None,
+    baselines: pd.DataFrame | None = None,
 ) -> None:
     """The study's tables, ``summary.json`` and report in ``out``, from the results of its stages:
     the probe sweep (``readability``), the pretrained answers, every fine-tune's record
-    (``results``), each relation's best layer and the learning-rate checks (``lr_check``, by
-    method, when the study ran them). Fine-tunes that did not learn are marked failed
+    (``results``), each relation's best layer, the learning-rate checks (``lr_check``, by
+    method, when the study ran them) and the readability baselines (``baselines``, when measured:
+    :mod:`lab.study.baselines`). Fine-tunes that did not learn are marked failed
     (:mod:`lab.study.failures`) and left out of the statistics unless ``keep_failed``."""
     c, names = spec.config, list(spec.by_name)
     out = Path(out)
@@ -297,6 +328,10 @@ def write_summary(
         columns=None if done else PREDICTION_COLUMNS,  # every fine-tune failed: the columns still
     )
     rel = relation_table(spec, readability.layers, pretrained, runs, best, designed)
+    if baselines is not None:
+        kappas = dict(zip(rel.relation, rel.readability_best_kappa))
+        rel = rel.merge(baseline_columns(baselines, best, kappas, c.baseline_flag), on="relation", how="left")
+    pairs = PAIRS + ([ABOVE, ABOVE_SURFACE] if baselines is not None else [])
     m0 = c.methods[0]
 
     def main_key(name, m):
@@ -305,7 +340,7 @@ def write_summary(
     stats_rows = []
     for m in c.methods:
         t = _with_outcome(rel, {name: runs[main_key(name, m)] for name in names if main_key(name, m) in runs})
-        for x, y in PAIRS:
+        for x, y in pairs:
             stats_rows += [dict(method=m, **row) for row in _correlations(t, x, y, c)]
     stats = pd.DataFrame(stats_rows)
 
@@ -337,6 +372,7 @@ def write_summary(
 
     summary = {
         "model": spec.model.name,
+        "architecture": architecture(spec.model),
         "n_relations": len(names),
         "methods": list(c.methods),
         "headline": {
@@ -393,6 +429,26 @@ def write_summary(
         "fixed_layer": spec.fixed_layer,
         "config": c.to_dict(),
     }
+    if baselines is not None:
+        summary["above_baseline"] = {
+            "predictor": ABOVE[0],
+            "outcome": ABOVE[1],
+            **analyses(*ABOVE),
+            "flag_threshold": c.baseline_flag,
+            "flagged_relations": sorted(rel.relation[rel.baseline_flagged.astype(bool)]),
+            "surface_flagged_relations": sorted(rel.relation[rel.surface_flagged.astype(bool)]),
+            "mean_baseline_kappa": float(rel.baseline_kappa.mean()),
+            "mean_embedding_kappa": float(rel.embedding_kappa.mean()),
+            "mean_random_kappa": float(rel.random_kappa.mean()),
+            "mean_readability_above_baseline": float(rel.readability_above_baseline.mean()),
+            "mean_readability_above_surface": float(rel.readability_above_surface.mean()),
+            "baseline_seeds": list(c.baseline_seeds),
+        }
+        summary["above_surface"] = {
+            "predictor": ABOVE_SURFACE[0],
+            "outcome": ABOVE_SURFACE[1],
+            **analyses(*ABOVE_SURFACE),
+        }
     summary["headline"]["with_failed_kept"] = _with_failed(rel, designed, runs, names, main_key(names[0], m0)[1:], c)
     stats, summary = apply_null(stats, null, summary)
     for name, df in (

@@ -72,6 +72,13 @@ def _config_problems(spec: StudySpec) -> list[str]:
         v = getattr(c, name)
         if not v or len(set(v)) != len(v):
             out.append(f"{name} {tuple(v)!r}: give at least one seed, each once")
+    if c.baselines and (not c.baseline_seeds or len(set(c.baseline_seeds)) != len(c.baseline_seeds)):
+        out.append(
+            f"baseline_seeds {tuple(c.baseline_seeds)!r}: give at least one random-weight seed, each once "
+            "(or baselines=False)"
+        )
+    if not 0 <= c.baseline_flag <= 1:
+        out.append(f"baseline_flag={c.baseline_flag}: a kappa threshold between 0 and 1 (default 0.2)")
     if c.n_finetune is not None and c.n_finetune < 1:
         out.append(
             f"n_finetune={c.n_finetune}: fine-tuning subjects per answer must be at least 1 "

@@ -10,7 +10,6 @@ is copied from it instead of pretrained (:func:`shipped_checkpoint`), unless ``r
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,21 +18,14 @@ from pathlib import Path
 from lab.stages import DERIVED, WHERE, Codec, Stage, Task
 from lab.world import TrainConfig, WorldSpec, train_world_model
 from lab.world.checkpoint import shipped_world_checkpoints
+from lab.world.train import recipe, trained_on
 
 
 def shipped_checkpoint(spec: WorldSpec, train: TrainConfig) -> Path | None:
     """The shipped checkpoint trained on exactly this world with exactly this recipe (the thread
     count aside: how it ran, not what), if any."""
-    recipe = _recipe(asdict(train))
-    for root in shipped_world_checkpoints():
-        same_spec = WorldSpec.from_json((root / "world_spec.json").read_text()) == spec
-        if same_spec and _recipe(json.loads((root / "train_config.json").read_text())) == recipe:
-            return root
-    return None
-
-
-def _recipe(train: dict) -> dict:
-    return {k: v for k, v in train.items() if k != "threads"}
+    wanted = (spec, recipe(asdict(train)))
+    return next((root for root in shipped_world_checkpoints() if trained_on(root) == wanted), None)
 
 
 def weights_digest(checkpoint: Path | None) -> str | None:

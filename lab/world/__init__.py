@@ -1,4 +1,5 @@
-"""Synthetic knowledge worlds and the small LM the project pretrains on one (the embedded default)."""
+"""Synthetic knowledge worlds, the small LM the project pretrains on one (the embedded default), and
+the zoo of world models of other architecture families (:mod:`lab.world.zoo`)."""
 
 from .checkpoint import default_checkpoint_dir, load_world, world_checkpoint_of
 from .relations import from_world
@@ -6,6 +7,7 @@ from .spec import KNOBS, RelationSpec, WorldSpec, WorldSpecError, default_spec
 from .tokenizer import build_tokenizer
 from .train import TrainConfig, train_world_model
 from .world import World
+from .zoo import ZOO, ZooModel, zoo_model
 
 __all__ = [
     "from_world",
@@ -13,6 +15,8 @@ __all__ = [
     "RelationSpec",
     "TrainConfig",
     "World",
+    "ZOO",
+    "ZooModel",
     "WorldSpec",
     "WorldSpecError",
     "build_tokenizer",
@@ -21,4 +25,5 @@ __all__ = [
     "load_world",
     "train_world_model",
     "world_checkpoint_of",
+    "zoo_model",
 ]

@@ -8,6 +8,7 @@ from interp.models import ModelNotFoundError
 
 from .spec import WorldSpec
 from .world import World
+from .zoo import ZOO
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 _DEFAULT = _CHECKPOINTS / "world"
@@ -32,11 +33,13 @@ def load_world(path: str | Path | None = None) -> World:
 
 
 def world_checkpoint_of(model) -> Path | None:
-    """The world checkpoint directory ``model`` is: ``"world"``, a directory with a
-    ``world_spec.json``, or a model handle loaded from one (``interp.load_model("world")``); None
-    for any other model."""
+    """The world checkpoint directory ``model`` is: ``"world"`` or a zoo model's name
+    (``"world-llama"``, :mod:`lab.world.zoo`), a directory with a ``world_spec.json``, or a model
+    handle loaded from one (``interp.load_model("world")``); None for any other model."""
     if isinstance(model, str) and model == "world":
         return default_checkpoint_dir()
+    if isinstance(model, str) and model in ZOO:
+        return ZOO[model].checkpoint_dir()
     source = model if isinstance(model, (str, Path)) else getattr(model, "source", None)
     if source is None or not isinstance(source, (str, Path)):
         return None
@@ -45,6 +48,7 @@ def world_checkpoint_of(model) -> Path | None:
 
 
 def shipped_world_checkpoints() -> list[Path]:
-    """The world checkpoints shipped with the package: the embedded model and the causal test's
-    plain world and the randomized world (those present)."""
-    return [p for p in (_DEFAULT, _PLAIN, _RANDOMIZED) if (p / "config.json").exists()]
+    """The world checkpoints shipped with the package: the embedded model, the causal test's
+    plain world, the randomized world and the zoo (those present)."""
+    zoo = [m.path for m in ZOO.values() if m.path != _DEFAULT]
+    return [p for p in (_DEFAULT, _PLAIN, _RANDOMIZED, *zoo) if (p / "config.json").exists()]

@@ -21,7 +21,7 @@ from ..validate import validate_study
 from . import arms
 from .arms import ARM, ArmInputs, arm_path, erasure_rows, relation_seed
 from .report import relations_summary, write_report
-from .steering import STEERING, SteeringInputs, steering_row
+from .steering import STEERING, SteeringInputs, control_relation, steering_row
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,11 @@ class Interventions:
         row, arm_rows = erasure_rows(s, records, c.n_boot, seed)
         predicted = tuple(records["none"]["predicted"])
         none_path = str(self.out / arm_path(r.name, "none"))
-        inputs = SteeringInputs(self.model, r, labels, sc, c, s.layer, predicted, seed, none_path, s, tuned_none)
+        subjects = [r.subjects[i] for i in s.design.finetune + s.design.heldout]
+        other, other_answers = control_relation(r, self.study.relations.values(), subjects)
+        inputs = SteeringInputs(
+            self.model, r, labels, sc, c, s.layer, predicted, seed, other, other_answers, none_path, s, tuned_none
+        )
         steer_rows = runner.run(Task(STEERING, inputs, f"runs/{r.name}__steering.json"))
         row.update(steering_row(steer_rows, c.n_boot, seed))
         return row, arm_rows, steer_rows

@@ -70,19 +70,31 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "excess_drop_shuffled",
         "switch_rate",
         "switch_rate_random",
+        "switch_rate_shuffled",
+        "switch_rate_other",
         "changed_rate",
         "changed_rate_random",
         "switch_excess",
+        "switch_excess_shuffled",
+        "switch_excess_other",
     )
     return {
         "model": model,
         "template": template,
         "n_relations": int(len(table)),
         "config": config.to_dict(),
-        "mean": {c: float(table[c].mean()) for c in means},
+        "mean": {c: float(table[c].mean()) if c in table else float("nan") for c in means},
         "excess_drop": across_relations(table.excess_drop, config.n_boot, config.seed),
         "excess_drop_shuffled": across_relations(table.excess_drop_shuffled, config.n_boot, config.seed),
         "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
+        **{
+            f"switch_excess_{k}": across_relations(table[f"switch_excess_{k}"].dropna(), config.n_boot, config.seed)
+            for k in ("shuffled", "other")
+            if f"switch_excess_{k}" in table and table[f"switch_excess_{k}"].notna().any()
+        },
+        "relations_with_other_relation_control": int(table.other_relation.notna().sum())
+        if "other_relation" in table
+        else 0,
         "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
         "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
         "excess_drop_vs_readability": corr("excess_drop"),
@@ -205,4 +217,16 @@ def section(out: str | Path) -> str:
         f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); "
         f"excess {sw['mean']:.3f} (CI {ci(sw)}, "
         f"sign-flip p = {sw.get('p_sign_flip', np.nan):.2g}); vs readability r = {w['r']:.2f} {ci(w)}."
+        + "".join(
+            f" Against {label} of the same norm ({m[f'switch_rate_{k}']:.3f}): excess {x['mean']:.3f} "
+            f"(CI {ci(x)}, sign-flip p = {x.get('p_sign_flip', np.nan):.2g}, {x['n']} relations)."
+            for k, label, x in (
+                (k, label, s.get(f"switch_excess_{k}"))
+                for k, label in (
+                    ("shuffled", "class-mean directions of shuffled answers"),
+                    ("other", "class-mean directions of another relation on the same states"),
+                )
+            )
+            if x is not None
+        )
     )
