@@ -155,7 +155,9 @@ def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
     ).run()
     assert len(table) == 4 and (table["rank"] == table.n_answers - 1).all()
     arms = pd.read_csv(tmp_path / "arms.csv")
-    assert set(arms.kind) == {"none", "leace", "shuffled", "random"} and len(arms) == 20
+    kinds = {"none", "leace", "shuffled", "random", "bottleneck_leace", "bottleneck_shuffled", "bottleneck_random"}
+    assert set(arms.kind) == kinds and len(arms) == 4 * 9
+    assert table.recall_none.between(0, 1).all() and {"recall_bottleneck_leace", "bottleneck_excess_drop"} <= set(table)
     assert (table.layer < model.n_layers - 1).all()  # never the last block, where nothing downstream reads the subject
     s = json.loads((tmp_path / "interventions.json").read_text())
     assert s["n_relations"] == 4 and "excess_drop_vs_readability" in s
@@ -170,12 +172,12 @@ WORLD_RELATIONS = ["continent", "hand", "season", "diet"]
 
 @pytest.mark.slow
 def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tmp_path, monkeypatch):
-    seen = []
+    seen, seen_input = [], []
     fit = arms.fit_erasers
 
-    def spy(x, answers, n_random, seed):
-        seen.append(x.clone())
-        return fit(x, answers, n_random, seed)
+    def spy(x, answers, n_random, seed, prefix=""):
+        (seen_input if prefix else seen).append(x.clone())
+        return fit(x, answers, n_random, seed, prefix)
 
     monkeypatch.setattr(arms, "fit_erasers", spy)
     drawn = []  # (means, pairs, norm) of every class-structured steering direction
@@ -213,6 +215,31 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
         )
         torch.testing.assert_close(x, ft, atol=1e-5, rtol=0)
         assert len(x) == len(d.finetune) < len(d.finetune) + len(d.heldout)
+        # the bottleneck erasers saw the fine-tuning subjects' embedding rows of their last token (the
+        # family name, a token of its own)
+        rows = run.model.input_embeddings().detach()
+        last = [run.model.tokenizer.tokenize(" " + r.subjects[i])[-1] for i in d.finetune]
+        ids = run.model.tokenizer.convert_tokens_to_ids(last)
+        torch.testing.assert_close(seen_input[WORLD_RELATIONS.index(name)], rows[ids].float(), atol=1e-5, rtol=0)
+    # the bottleneck erasure leaves no linear information in the embedding rows it was fitted on
+    assert (table.bottleneck_leftover_covariance < 1e-4).all()
+    assert (table.bottleneck_probe_after_kappa < 0.1).all() and table.bottleneck_probe_before_kappa.max() > 0.3
+    # and a fine-tune cannot put it back there: the embedding tables are frozen
+    r = run.study.relations[WORLD_RELATIONS[0]]
+    d = run.study.design(r, "animals", 0)
+    tuned, _ = arms.finetune(
+        run.model,
+        [study_cfg.finetune.template.format(r.subjects[i]) for i in d.finetune],
+        [d.mapping[r.answers[i]] for i in d.finetune],
+        d.labels,
+        "full",
+        study_cfg.finetune,
+        seed=0,
+    )
+    torch.testing.assert_close(tuned.input_embeddings(), run.model.input_embeddings())
+    # recall of the original relation: erasing the answer removes it, a random subspace of that rank keeps it
+    assert table.recall_none.mean() > 0.5
+    assert (table.recall_leace < table.recall_random).all()
     # readability after erasure is at chance on the fitted states, while it was high before
     assert (table.layer < run.model.n_layers - 1).all()
     assert (table.leftover_covariance < 1e-4).all()

@@ -7,6 +7,20 @@ pretrained model's states there, and the erasers (:func:`fit_erasers`). Then one
 arm (:data:`ARM`, saved as ``runs/<relation>__<arm>.json``): ``none``, ``leace``, ``shuffled``,
 ``random0..``. :func:`erasure_rows` turns the saved arms into the relation's row and its arm
 rows, with the excess drop's bootstrap interval over held-out subjects and random draws.
+
+**The bottleneck arms** (``bottleneck_leace``, ``bottleneck_shuffled``, ``bottleneck_random0..``;
+``InterventionConfig(bottleneck=True)``) erase at the input instead: the same erasers fitted on
+the fine-tuning subjects' *input embeddings* at the subject's last token (``hook_embed``) and
+applied there. In the world model that token is the subject's family name, a token of its own
+whose embedding row is frozen during fine-tuning, so no block can re-encode from it what the input
+no longer holds (the layer arms act after block ``layer``, where attention has already read the
+subject's other tokens and the unerased embedding). What the model can still use: the subject's
+other tokens (first names, shared among subjects).
+
+**Recall after erasure** (:func:`erased_recall`): each eraser standing on the *pretrained* model,
+the accuracy of the original relation on the held-out subjects (the argmax among the relation's
+answers). Read beside generalization, it tells "the fine-tune needs the erased direction" from
+"the erasure broke the model": a LEACE arm should remove recall, a random subspace should not.
 """
 
 from __future__ import annotations
@@ -53,33 +67,77 @@ def erasing(locate: SubjectEnd, eraser: Eraser):
     return fn
 
 
-def states(model: Model, prompts: Sequence[Prompt], layer: int | Sequence[int]) -> torch.Tensor:
-    """Residual states after ``layer`` at each prompt's subject's last token, as the model reads
-    the prompt when it answers (:meth:`interp.scoring.Scoring.context`: an encoder's masked slot
-    included): ``[n, d_model]``, or ``[layer, n, d_model]`` for several layers."""
-    many = not isinstance(layer, int)
+#: the input site the bottleneck arms erase at (the token embeddings)
+BOTTLENECK_SITE = "hook_embed"
+#: the prefix of the bottleneck arms' names
+BOTTLENECK = "bottleneck_"
+
+
+def states(model: Model, prompts: Sequence[Prompt], layer: int | str | Sequence[int | str]) -> torch.Tensor:
+    """Residual states after ``layer`` (or at a named site, e.g. :data:`BOTTLENECK_SITE`) at each
+    prompt's subject's last token, as the model reads the prompt when it answers
+    (:meth:`interp.scoring.Scoring.context`: an encoder's masked slot included): ``[n, d_model]``,
+    or ``[layer, n, d_model]`` for several layers."""
+    many = not isinstance(layer, int | str)
     layers = list(layer) if many else [layer]
-    sites = [model.resid_site(l) for l in layers]
+    sites = [l if isinstance(l, str) else model.resid_site(l) for l in layers]
     read = [Prompt(model.scoring.context(p.text), p.subject) for p in prompts]
     acts = interp.capture(model, read, sites=sites, positions="subject_last", progress=False)
     out = torch.stack([acts[s].float() for s in sites])
     return out if many else out[0]
 
 
-def fit_erasers(x_finetune: torch.Tensor, answers: Sequence[str], n_random: int, seed: int) -> dict[str, Eraser]:
+def fit_erasers(
+    x_finetune: torch.Tensor, answers: Sequence[str], n_random: int, seed: int, prefix: str = ""
+) -> dict[str, Eraser]:
     """Erasers fitted on the fine-tuning subjects' states alone (the only states this function
     sees): ``leace`` (the answers), ``shuffled`` (LEACE of the answers shuffled among the subjects:
     the same number of classes, class sizes and whitened geometry, no link to the subject) and
-    ``random0..`` (random subspaces of LEACE's rank). ``seed`` should differ between relations."""
+    ``random0..`` (random subspaces of LEACE's rank), each name after ``prefix``. ``seed`` should
+    differ between relations."""
     leace = fit_leace(x_finetune, answers)
     shuffled = list(answers)
     random.Random(seed).shuffle(shuffled)
     rank = leace.rank
     return {
-        "leace": leace,
-        "shuffled": fit_leace(x_finetune, shuffled),
-        **{f"random{j}": random_subspace(x_finetune, rank, seed * 1000 + j) for j in range(n_random)},
+        f"{prefix}leace": leace,
+        f"{prefix}shuffled": fit_leace(x_finetune, shuffled),
+        **{f"{prefix}random{j}": random_subspace(x_finetune, rank, seed * 1000 + j) for j in range(n_random)},
     }
+
+
+def arm_site(model: Model, arm: str, layer: int) -> str:
+    """Where an arm's eraser stands: the input embeddings for a bottleneck arm, else the residual
+    stream after ``layer``."""
+    return BOTTLENECK_SITE if arm.startswith(BOTTLENECK) else model.resid_site(layer)
+
+
+def erased_recall(model: Model, s: Setup) -> dict[str, float]:
+    """Recall of the original relation on the held-out subjects with each eraser standing on the
+    pretrained model (and none): the accuracy of the argmax among the relation's answers, keyed
+    ``recall_<arm>`` (random draws averaged into ``recall_random`` / ``recall_bottleneck_random``)."""
+    r = s.relation
+    prompts = [Prompt(r.template.format(r.subjects[i]), r.subjects[i]) for i in s.design.heldout]
+    truth = [r.answers[i] for i in s.design.heldout]
+    candidates = sorted(set(r.answers))
+    locate = SubjectEnd(model.tokenizer, [Prompt(model.scoring.context(p.text), p.subject) for p in prompts])
+    texts = [p.text for p in prompts]
+
+    def accuracy(m: Model) -> float:
+        pred = m.logprobs(texts, candidates).argmax(-1).tolist()
+        return float(np.mean([candidates[j] == t for j, t in zip(pred, truth)]))
+
+    out = {"recall_none": accuracy(model)}
+    draws: dict[str, list[float]] = {}
+    for arm, eraser in s.erasers.items():
+        acc = accuracy(model.intervened(arm_site(model, arm, s.layer), erasing(locate, eraser)))
+        kind = arm.rstrip("0123456789")
+        if kind != arm:
+            draws.setdefault(kind, []).append(acc)
+        else:
+            out[f"recall_{arm}"] = acc
+    out.update({f"recall_{kind}": float(np.mean(v)) for kind, v in draws.items()})
+    return out
 
 
 @dataclass(frozen=True)
@@ -136,6 +194,21 @@ def setup(model: Model, r: Relation, labels: dict, study_config, config) -> Setu
     erasers = fit_erasers(x_ft, a_ft, c.n_random, seed)
     leace = erasers["leace"]
     randoms = [a for a in erasers if a.startswith("random")]
+    bottleneck = {}
+    if c.bottleneck:
+        e_ft = states(model, [prompts[i] for i in design.finetune], BOTTLENECK_SITE)
+        e_ho = states(model, [prompts[i] for i in design.heldout], BOTTLENECK_SITE)
+        erasers |= fit_erasers(e_ft, a_ft, c.n_random, seed, prefix=BOTTLENECK)
+        b = erasers[f"{BOTTLENECK}leace"]
+        bottleneck = {
+            "bottleneck_rank": b.rank,
+            "bottleneck_leftover_covariance": leftover(b, e_ft, a_ft),
+            "bottleneck_probe_before_kappa": probe_kappa(e_ft.numpy(), a_ft, folds=c.folds, seed=c.seed),
+            "bottleneck_probe_after_kappa": erased_probe_kappa(e_ft.numpy(), a_ft, folds=c.folds, seed=c.seed),
+            "bottleneck_transfer_before_kappa": probe_kappa(e_ft.numpy(), a_ft, e_ho.numpy(), a_ho),
+            "bottleneck_transfer_after_kappa": probe_kappa(b(e_ft).numpy(), a_ft, b(e_ho).numpy(), a_ho),
+            "moved_bottleneck_leace": _moved(e_ft, b),
+        }
     row = {
         "relation": r.name,
         "layer": layer,
@@ -153,6 +226,7 @@ def setup(model: Model, r: Relation, labels: dict, study_config, config) -> Setu
         "moved_leace": _moved(x_ft, leace),
         "moved_shuffled": _moved(x_ft, erasers["shuffled"]),
         "moved_random": float(np.mean([_moved(x_ft, erasers[k]) for k in randoms])),
+        **bottleneck,
     }
     return Setup(r, design, prompts, locate, layer, x_ft, a_ft, erasers, row)
 
@@ -184,7 +258,7 @@ class ArmResult:
 
 def run_arm(a: ArmInputs) -> ArmResult:
     s, c, sc = a.setup, a.config, a.study_config
-    site = a.model.resid_site(s.layer)
+    site = arm_site(a.model, a.arm, s.layer)
     model = a.model if a.arm == "none" else a.model.intervened(site, erasing(s.locate, s.erasers[a.arm]))
     tuned, info = finetune(
         model, s.finetune_prompts, s.finetune_labels, s.design.labels, c.method, sc.finetune, seed=sc.finetune_seeds[0]
@@ -222,7 +296,6 @@ def erasure_rows(s: Setup, records: dict[str, dict], n_boot: int, seed: int) -> 
     """The relation's row (its erasure statistics, generalization per arm, excess drops with a
     bootstrap CI) and one row per arm, from the arms' saved ``records``."""
     truth = s.truth
-    randoms = [a for a in s.erasers if a.startswith("random")]
     arm_rows = [
         {
             "relation": s.relation.name,
@@ -238,23 +311,29 @@ def erasure_rows(s: Setup, records: dict[str, dict], n_boot: int, seed: int) -> 
     ]
     preds = {arm: res["predicted"] for arm, res in records.items()}
     k = {arm: kappa(truth, preds[arm]) for arm in preds}
-    k_random = float(np.mean([k[a] for a in randoms]))
-    lo, hi = bootstrap_excess(truth, preds["leace"], [preds[a] for a in randoms], n_boot, seed)
-    row = {
-        **s.row,
-        "probe_after_tuned_kappa": float(next(a["probe_after_tuned_kappa"] for a in arm_rows if a["arm"] == "leace")),
-        "generalization_none": k["none"],
-        "generalization_leace": k["leace"],
-        "generalization_shuffled": k["shuffled"],
-        "generalization_random": k_random,
-        "generalization_random_sd": float(np.std([k[a] for a in randoms])),
-        "drop_leace": k["none"] - k["leace"],
-        "drop_random": k["none"] - k_random,
-        "excess_drop": k_random - k["leace"],
-        "excess_drop_ci_low": lo,
-        "excess_drop_ci_high": hi,
-        "excess_drop_shuffled": k["shuffled"] - k["leace"],
-    }
+    tuned_probe = {a["arm"]: a["probe_after_tuned_kappa"] for a in arm_rows}
+    row = {**s.row, "generalization_none": k["none"]}
+    # the layer arms (no prefix: the columns' historical names) and the bottleneck arms
+    for prefix in ("", BOTTLENECK):
+        if f"{prefix}leace" not in k:
+            continue
+        randoms = [a for a in s.erasers if a.startswith(f"{prefix}random")]
+        k_random = float(np.mean([k[a] for a in randoms]))
+        k_leace = k[f"{prefix}leace"]
+        lo, hi = bootstrap_excess(truth, preds[f"{prefix}leace"], [preds[a] for a in randoms], n_boot, seed)
+        row |= {
+            f"{prefix}probe_after_tuned_kappa": float(tuned_probe[f"{prefix}leace"]),
+            f"generalization_{prefix}leace": k_leace,
+            f"generalization_{prefix}shuffled": k[f"{prefix}shuffled"],
+            f"generalization_{prefix}random": k_random,
+            f"generalization_{prefix}random_sd": float(np.std([k[a] for a in randoms])),
+            f"drop_{prefix}leace": k["none"] - k_leace,
+            f"drop_{prefix}random": k["none"] - k_random,
+            f"{prefix}excess_drop": k_random - k_leace,
+            f"{prefix}excess_drop_ci_low": lo,
+            f"{prefix}excess_drop_ci_high": hi,
+            f"{prefix}excess_drop_shuffled": k[f"{prefix}shuffled"] - k_leace,
+        }
     return row, arm_rows
 
 

@@ -19,7 +19,7 @@ from ..config import StudyConfig
 from ..run import default_config, make_study
 from ..validate import validate_study
 from . import arms
-from .arms import ARM, ArmInputs, arm_path, erasure_rows, relation_seed
+from .arms import ARM, ArmInputs, arm_path, erased_recall, erasure_rows, relation_seed
 from .report import relations_summary, write_report
 from .steering import STEERING, SteeringInputs, control_relation, steering_row
 
@@ -28,7 +28,9 @@ from .steering import STEERING, SteeringInputs, control_relation, steering_row
 class InterventionConfig:
     """``method``: the fine-tuning method of every arm; ``n_random``: random-subspace erasures and
     random steering directions per relation; ``steer_scale``: the steering vector's norm in units
-    of the median distance between class means; ``n_boot``: bootstrap resamples of each CI."""
+    of the median distance between class means; ``n_boot``: bootstrap resamples of each CI;
+    ``bottleneck``: add the bottleneck arms (the same erasers at the input embeddings,
+    :mod:`.arms`)."""
 
     method: str = "full"
     n_random: int = 3
@@ -36,6 +38,7 @@ class InterventionConfig:
     n_boot: int = 2000
     folds: int = 5
     seed: int = 0
+    bottleneck: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +125,7 @@ class Interventions:
             if arm == "none":
                 tuned_none = result.tuned  # None when reloaded: steering fine-tunes it again
         row, arm_rows = erasure_rows(s, records, c.n_boot, seed)
+        row |= erased_recall(self.model, s)
         predicted = tuple(records["none"]["predicted"])
         none_path = str(self.out / arm_path(r.name, "none"))
         subjects = [r.subjects[i] for i in s.design.finetune + s.design.heldout]

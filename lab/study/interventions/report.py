@@ -68,6 +68,26 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "generalization_random",
         "excess_drop",
         "excess_drop_shuffled",
+        "bottleneck_rank",
+        "bottleneck_leftover_covariance",
+        "bottleneck_probe_before_kappa",
+        "bottleneck_probe_after_kappa",
+        "bottleneck_probe_after_tuned_kappa",
+        "bottleneck_transfer_before_kappa",
+        "bottleneck_transfer_after_kappa",
+        "moved_bottleneck_leace",
+        "generalization_bottleneck_leace",
+        "generalization_bottleneck_shuffled",
+        "generalization_bottleneck_random",
+        "bottleneck_excess_drop",
+        "bottleneck_excess_drop_shuffled",
+        "recall_none",
+        "recall_leace",
+        "recall_shuffled",
+        "recall_random",
+        "recall_bottleneck_leace",
+        "recall_bottleneck_shuffled",
+        "recall_bottleneck_random",
         "switch_rate",
         "switch_rate_random",
         "switch_rate_shuffled",
@@ -88,6 +108,11 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "excess_drop_shuffled": across_relations(table.excess_drop_shuffled, config.n_boot, config.seed),
         "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
         **{
+            k: across_relations(table[k], config.n_boot, config.seed)
+            for k in ("bottleneck_excess_drop", "bottleneck_excess_drop_shuffled")
+            if k in table
+        },
+        **{
             f"switch_excess_{k}": across_relations(table[f"switch_excess_{k}"].dropna(), config.n_boot, config.seed)
             for k in ("shuffled", "other")
             if f"switch_excess_{k}" in table and table[f"switch_excess_{k}"].notna().any()
@@ -96,8 +121,14 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         if "other_relation" in table
         else 0,
         "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
+        "relations_bottleneck_excess_drop_ci_above_0": int((table.bottleneck_excess_drop_ci_low > 0).sum())
+        if "bottleneck_excess_drop_ci_low" in table
+        else 0,
         "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
         "excess_drop_vs_readability": corr("excess_drop"),
+        "bottleneck_excess_drop_vs_readability": corr("bottleneck_excess_drop")
+        if "bottleneck_excess_drop" in table
+        else {"r": float("nan"), "n": 0},
         "switch_excess_vs_readability": corr("switch_excess"),
     }
 
@@ -211,7 +242,8 @@ def section(out: str | Path) -> str:
         f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
         f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
         f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. "
-        "Steering held-out subjects from answer "
+        + _bottleneck_sentences(s, ci)
+        + "Steering held-out subjects from answer "
         f"a toward b along the pretrained class-mean direction switches the fine-tuned model's label to label(b) in "
         f"{m['switch_rate']:.3f} of cases against {m['switch_rate_random']:.3f} for random directions of the same norm "
         f"(any change: {m['changed_rate']:.3f} vs {m['changed_rate_random']:.3f}); "
@@ -229,4 +261,34 @@ def section(out: str | Path) -> str:
             )
             if x is not None
         )
+    )
+
+
+def _bottleneck_sentences(s: dict, ci) -> str:
+    """The bottleneck arms and recall after erasure, where the run has them."""
+    m, b = s["mean"], s.get("bottleneck_excess_drop")
+    out = ""
+    if np.isfinite(m.get("recall_none", np.nan)):
+        out += (
+            f"Recall of the original relation on held-out subjects (pretrained model, argmax among its answers): "
+            f"{m['recall_none']:.3f} without erasure, {m['recall_leace']:.3f} with the answer erased at the layer, "
+            f"{m['recall_shuffled']:.3f} shuffled, {m['recall_random']:.3f} random. "
+        )
+    if b is None:
+        return out
+    bs, be = s["bottleneck_excess_drop_shuffled"], s["bottleneck_excess_drop_vs_readability"]
+    return out + (
+        "At the bottleneck (the same erasers fitted on the fine-tuning subjects' input embeddings at the "
+        f"subject's last token and applied there; rank {m['bottleneck_rank']:.1f} on average, leftover "
+        f"cross-covariance {m['bottleneck_leftover_covariance']:.1e}): the probe on the embedding rows goes from "
+        f"kappa {m['bottleneck_probe_before_kappa']:.3f} to {m['bottleneck_probe_after_kappa']:.3f}, and reads "
+        f"{m['bottleneck_probe_after_tuned_kappa']:.3f} at the layer in the fine-tuned model (re-encoded from the "
+        f"subject's other tokens); recall {m['recall_bottleneck_leace']:.3f} (shuffled "
+        f"{m['recall_bottleneck_shuffled']:.3f}, random {m['recall_bottleneck_random']:.3f}); generalization "
+        f"{m['generalization_bottleneck_leace']:.3f} against {m['generalization_bottleneck_random']:.3f} (random "
+        f"subspace) and {m['generalization_bottleneck_shuffled']:.3f} (shuffled); excess drop {b['mean']:.3f} "
+        f"(CI {ci(b)}, sign-flip p = {b.get('p_sign_flip', np.nan):.2g}; per-relation CI above 0 in "
+        f"{s['relations_bottleneck_excess_drop_ci_above_0']} relations), over the shuffled control "
+        f"{bs['mean']:.3f} (CI {ci(bs)}, p = {bs.get('p_sign_flip', np.nan):.2g}); vs readability r = "
+        f"{be['r']:.2f} {ci(be)}. "
     )
