@@ -86,6 +86,9 @@ def _model_row(name: str, summary: dict, relations: pd.DataFrame) -> dict:
         "failed_finetunes": failed.get("n_failed", np.nan),
         "finetunes": failed.get("n_finetunes", np.nan),
         "in_paper_band": PAPER_BAND[0] <= pearson.get("r", np.nan) <= PAPER_BAND[1],
+        # readability minus its probe baselines (lab.study.baselines), where the study measured them
+        "r_above_surface": summary.get("above_surface", {}).get("pearson", {}).get("r", np.nan),
+        "r_above_baseline": summary.get("above_baseline", {}).get("pearson", {}).get("r", np.nan),
     }
 
 

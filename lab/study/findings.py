@@ -336,6 +336,15 @@ def interventions_section(folder: Path, figures_to: Path | None = None) -> str:
         "excess_drop",
         "excess_drop_ci_low",
         "excess_drop_ci_high",
+        "recall_none",
+        "recall_leace",
+        "bottleneck_probe_before_kappa",
+        "bottleneck_probe_after_tuned_kappa",
+        "generalization_bottleneck_random",
+        "generalization_bottleneck_leace",
+        "bottleneck_excess_drop",
+        "recall_bottleneck_leace",
+        "recall_bottleneck_random",
         "n_steered",
         "switch_rate",
         "switch_rate_random",
@@ -562,7 +571,8 @@ def compare_section(folder: Path, docs: Path | None = None) -> str:
     lo, hi = meta["paper_band"]
     shown = table[
         ["model", "family", "parameters", "relations", "n", "r", "ci_low", "ci_high", "p_monte_carlo",
-         "partial_r_all", "mean_generalization_kappa", "mean_readability_kappa", "failed_finetunes", "finetunes"]
+         "partial_r_all", "mean_generalization_kappa", "mean_readability_kappa", "r_above_surface",
+         "failed_finetunes", "finetunes"]
     ].copy()  # fmt: skip
     shown["parameters"] = shown.parameters.map(lambda v: f"{v / 1e6:.2f}M" if pd.notna(v) else "n/a")
     out = [
@@ -573,7 +583,9 @@ def compare_section(folder: Path, docs: Path | None = None) -> str:
         "method), its 95% bootstrap CI and Monte-Carlo p against that study's simulated null, and the partial r "
         "with every covariate. The world zoo's models read one corpus with one recipe and differ in architecture "
         "family (`lab/world/zoo.py`: also in parameter count, and each is one pretraining run); their relations, "
-        f"labels and design are identical. The paper reports r = {lo}-{hi} within each of 11 LMs.",
+        f"labels and design are identical. The paper reports r = {lo}-{hi} within each of 11 LMs. "
+        "`r_above_surface`: the same r with readability minus the random-weights probe baseline (surface form; "
+        "n/a where a study did not measure it).",
         "",
         _table(shown),
         "",

@@ -39,6 +39,17 @@ the mean excess drop with a bootstrap CI over relations and a sign-flip p, and w
 with readability (Pearson r with bootstrap CI and permutation p, :mod:`lab.study.stats`). Every
 control is drawn per relation (seeded by its name).
 
+**At the bottleneck.** The layer arms act after a block, where attention has already read the
+subject's other tokens and the unerased input, and the fine-tuned model can re-encode the answer
+(``probe_after_tuned_kappa``). The ``bottleneck_leace``, ``bottleneck_shuffled`` and
+``bottleneck_random*`` arms fit the same three erasers on the fine-tuning subjects' *input
+embeddings* at the subject's last token (``hook_embed``) and apply them there. In the world model
+that token is the subject's family name, a token of its own, and the embedding tables are frozen
+during fine-tuning, so no block can put back into that input what the eraser removed; what the model
+can still read are the subject's other tokens. **Recall** of the original relation (held-out
+subjects, the argmax among the relation's answers, every eraser standing on the pretrained model:
+``recall_*``) tells "the fine-tune needs the erased direction" from "the erasure broke the model".
+
 **Steering.** After the ``none`` fine-tune, each held-out subject whose label the fine-tuned model
 gets right (``label(a)`` for original answer ``a``) gets a vector added at the same site: the
 direction from the class mean of ``a`` to that of another answer ``b`` (drawn per subject, seeded;

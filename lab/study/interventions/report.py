@@ -144,10 +144,12 @@ def figures(out: Path) -> dict[str, go.Figure]:
             ("generalization_random", "random subspace"),
             ("generalization_shuffled", "shuffled answers (LEACE)"),
             ("generalization_leace", "answer erased (LEACE)"),
+            ("generalization_bottleneck_leace", "answer erased at the input (LEACE)"),
         ],
         PALETTE,
     ):
-        bars.add_bar(x=t.relation, y=t[col], name=name, marker_color=color)
+        if col in t:
+            bars.add_bar(x=t.relation, y=t[col], name=name, marker_color=color)
     bars.update_layout(
         title="Held-out generalization under erasure (kappa)",
         barmode="group",
@@ -281,9 +283,9 @@ def _bottleneck_sentences(s: dict, ci) -> str:
         "At the bottleneck (the same erasers fitted on the fine-tuning subjects' input embeddings at the "
         f"subject's last token and applied there; rank {m['bottleneck_rank']:.1f} on average, leftover "
         f"cross-covariance {m['bottleneck_leftover_covariance']:.1e}): the probe on the embedding rows goes from "
-        f"kappa {m['bottleneck_probe_before_kappa']:.3f} to {m['bottleneck_probe_after_kappa']:.3f}, and reads "
-        f"{m['bottleneck_probe_after_tuned_kappa']:.3f} at the layer in the fine-tuned model (re-encoded from the "
-        f"subject's other tokens); recall {m['recall_bottleneck_leace']:.3f} (shuffled "
+        f"kappa {m['bottleneck_probe_before_kappa']:.3f} to {m['bottleneck_probe_after_kappa']:.3f}, and a probe at"
+        f" the layer of the fine-tuned model reads {m['bottleneck_probe_after_tuned_kappa']:.3f} (what it could"
+        f" re-encode from the subject's other tokens); recall {m['recall_bottleneck_leace']:.3f} (shuffled "
         f"{m['recall_bottleneck_shuffled']:.3f}, random {m['recall_bottleneck_random']:.3f}); generalization "
         f"{m['generalization_bottleneck_leace']:.3f} against {m['generalization_bottleneck_random']:.3f} (random "
         f"subspace) and {m['generalization_bottleneck_shuffled']:.3f} (shuffled); excess drop {b['mean']:.3f} "
