@@ -28,14 +28,19 @@ Cost: node scores need one forward and one backward pass per IG step. Edge score
 need every receiver's private input gradient. A backend-neutral model has no per-head copy of the
 residual stream, but it needs none: a head's query reads ``norm(x) W_Q,h``, so its input gradient
 is ``dm/dq_h`` projected through that head's ``W_Q,h`` and then taken back through the norm alone,
-between two sites of the run that gave ``dm/dq_h`` (no second forward; the fused q/k/v projection
-is never differentiated per head). Plain EAP reads the target run's activations from that same
-run: one forward of the source, one forward and backward of the target, and per layer a batched
-backward through its norm. Everything is batched over pairs; nothing is run per component.
+at the run's own residual (no second forward; the fused q/k/v projection is never differentiated
+per head). Plain EAP reads the target run's activations from that same run: one forward of the
+source, one forward and backward of the target, and per layer one backward through its norm
+for all its heads. An edge's score is then a dot product of the sender's write with the
+receiver's input gradient over positions and ``d_model``: per pair and receiving layer, one
+matrix product of the writes of only the senders that come before that layer (about half of
+all sender x receiver products at GPT-2-small shape), in float32, summed over pairs in float64.
+Everything is batched over pairs; nothing is run per component.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import pandas as pd
@@ -282,34 +287,31 @@ class AttributionPatching:
         self._check_edge_memory(pairs)
         w_in = self._input_weights(receivers)
         one_point = self.alphas == [0.0]  # plain EAP: the target run is the gradient's run
+        order, reached = _sender_prefixes(model, senders, receivers)
         bar = progress_bar(total=len(pairs), desc="attribution (edges)", unit="pairs", progress=self.progress)
         for part in pairs.batches(self.batch_size):
             target, source = batch_of(part, self.target_), batch_of(part, self.source_)
             src = cache(model, source, node_sites)
             embed = src[site("embed")]  # [n, pos, d_model]: the shape of every write and input gradient
             tgt = None if one_point else cache(model, target, node_sites)
-            r_in = embed.new_zeros((len(receivers),) + tuple(embed.shape))  # [R, n, pos, d_model]
+            per_pair = torch.zeros(len(part), len(senders), len(receivers), dtype=torch.float64)  # [n, S, R]
+            writes = None
             for a in self.alphas:
                 g, kept_here, graph = self._grads(
                     part, target, embed, a, rec_sites,
                     keep=node_sites if one_point else (), read=self._graph_sites(receivers),
                 )  # fmt: skip
-                self._receiver_inputs(g, graph, receivers, w_in, into=r_in)
-                del graph
                 tgt = kept_here if one_point else tgt
-            if len(self.alphas) > 1:
-                r_in /= len(self.alphas)
-            writes = embed.new_empty((len(senders),) + tuple(embed.shape))
-            for i, s in enumerate(senders):
-                writes[i] = self._write_delta(s, src, tgt, w_o)  # [S, n, pos, d]
-            # per pair, one float64 matrix product [S, pos * d] x [pos * d, R] (never a float64
-            # copy of the whole [S | R, n, pos, d] tensors)
-            per_pair = torch.stack(
-                [writes[:, i].flatten(1).double() @ r_in[:, i].flatten(1).double().T for i in range(len(part))], -1
-            )  # [S, R, n]
-            scores += per_pair.sum(-1)
+                if writes is None:  # [n, S, pos, d_model], senders in the order they write
+                    writes = torch.stack([self._write_delta(senders[i], src, tgt, w_o) for i in order], 1)
+                for js, rows in self._receiver_inputs(g, graph, receivers, w_in):
+                    k = max(reached[j] for j in js)  # the senders that write before these receivers read
+                    per_pair[:, :k, js] += _contract(writes[:, :k], rows)
+                del graph
+            per_pair = per_pair[:, torch.argsort(torch.as_tensor(order))] / len(self.alphas)  # senders as given
+            scores += per_pair.sum(0)
             if self.uncertainty_ is not None:
-                kept.append(per_pair.float().cpu())
+                kept.append(per_pair.permute(1, 2, 0).float().cpu())  # [S, R, n]
             bar.update(len(part))
         bar.close()
         scores /= len(pairs)
@@ -347,15 +349,18 @@ class AttributionPatching:
         return df
 
     def _check_edge_memory(self, pairs: Pairs) -> None:
-        """Refuse before any pass if one batch's graph, caches, input gradients and writes would not fit."""
+        """Refuse before any pass if one batch's graph, caches, writes and one layer's receiver
+        input gradients would not fit."""
         model, rows, n_pos = self.model, min(self.batch_size, len(pairs)), pairs.n_pos
         R, S = len(self.receivers_), len(self.nodes_)
-        per_pair = (R + S) * n_pos * model.d_model * memory.element_bytes(model)
+        per_layer = max(Counter(r.layer for r in self.receivers_ if r.kind == "head").values(), default=1)
+        per_pair = (S + per_layer) * n_pos * model.d_model * memory.element_bytes(model)
         need = (
             memory.forward_bytes(model, rows, n_pos, graph=True)
             + memory.forward_bytes(model, rows, n_pos, graph=False)
             + rows * per_pair
-            + 2 * per_pair  # one pair's float64 product operands
+            + rows * S * R * 8  # the float64 scores of each pair
+            + _CHUNK_BYTES
         )
         memory.check_fits(
             need,
@@ -391,66 +396,106 @@ class AttributionPatching:
         wanted = {(r.layer, r.input) for r in receivers if r.kind == "head"}
         return {key: self.model.head_input_weights(*key).detach() for key in sorted(wanted)}
 
-    def _receiver_inputs(
-        self, g: dict[str, Tensor], graph: dict[str, Tensor], receivers: list[Receiver], w_in, into: Tensor
-    ) -> None:
-        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``, added into ``into``
-        (``[R, n, pos, d_model]``, one row per receiver).
+    def _receiver_inputs(self, g: dict[str, Tensor], graph: dict[str, Tensor], receivers: list[Receiver], w_in):
+        """Each receiver's private input gradient ``J_v(x)^T dm/d(v)``: yields ``(js, rows)``,
+        receivers ``js`` (indices into ``receivers``, all reading at one place: a layer's heads,
+        one MLP, the logits) and their gradients ``rows`` (``[len(js), n, pos, d_model]``).
 
         ``x`` is the residual stream entering the receiver's layer (or its MLP), ``v`` the
         receiver's own read of it. For a head's query (key, value) that read is
         ``q_h = norm(x) W_Q,h + b``: the gradient is projected through the head's own slice of
         ``W_Q`` (``[d_head, d_model]``, not the whole fused projection), then taken back through
-        the norm alone, in the same run's graph, all heads of a layer in one batched call
-        (``is_grads_batched``); heads sharing a key/value group under grouped-query attention
-        share one gradient. An MLP's is a backward through its norm and the MLP; the logits'
-        is the gradient at the final residual itself."""
+        the norm alone (the layer's own norm module, :meth:`interp.Model.attention_norm`, applied to
+        the run's residual with the heads' gradients as more rows of a batch: a norm acts on each
+        position alone, so one backward serves several heads); heads sharing a key/value group
+        under grouped-query attention share one gradient. An MLP's is a backward through its
+        norm and the MLP; the logits' is the gradient at the final residual itself. Rows are made
+        a few at a time, when they are asked for (:data:`_CHUNK_BYTES`)."""
         model = self.model
         parallel = has_parallel_blocks(model)
         heads_at: dict[int, list[int]] = {}
+        buf = None
         for j, r in enumerate(receivers):
             if r.kind == "logits":
-                into[j] += g[receiver_site(model, r)]
+                yield [j], g[receiver_site(model, r)][None]
             elif r.kind == "mlp":
                 x = graph[site("resid_pre" if parallel else "resid_mid", r.layer)]
                 (grad,) = torch.autograd.grad(
                     graph[receiver_site(model, r)], x, grad_outputs=g[receiver_site(model, r)], retain_graph=True
                 )
-                into[j] += grad.detach()
+                yield [j], grad.detach()[None]
             else:
                 heads_at.setdefault(r.layer, []).append(j)
         for layer, idx in heads_at.items():
             u, x = graph[site("attn_in", layer)], graph[site("resid_pre", layer)]
-            slot_of = {}  # (input, head slot) -> row of the batched gradient
-            rows = []
+            norm = model.attention_norm(layer) if u is not x else None  # post-norm BERT reads x itself
+            slots: dict[tuple[str, int], list[int]] = {}  # (input, head slot) -> the receivers reading it
             for j in idx:
                 r = receivers[j]
-                grad = g[site(r.input, layer)]  # [n, pos, heads or kv heads, d_head]
-                h = r.head * grad.shape[2] // model.n_heads  # the head's slot (its group under GQA)
-                if (r.input, h) not in slot_of:
-                    slot_of[(r.input, h)] = len(rows)
-                    w = w_in[(layer, r.input)][h].to(grad.device, grad.dtype)  # [d_model, d_head]
-                    rows.append(grad[:, :, h] @ w.T)  # d m / d(norm output) through this head alone
-            per_row = torch.stack(rows)  # [rows, n, pos, d_model]
-            if u is not x:  # pre-norm blocks: back through the norm (post-norm BERT reads x itself)
-                per_row = _batched_input_grads(u, x, per_row)
-            for j in idx:
-                r = receivers[j]
-                h = r.head * g[site(r.input, layer)].shape[2] // model.n_heads
-                into[j] += per_row[slot_of[(r.input, h)]].detach()
+                h = r.head * g[site(r.input, layer)].shape[2] // model.n_heads  # the head's slot (its group under GQA)
+                slots.setdefault((r.input, h), []).append(j)
+            keys = list(slots)
+            if buf is None:  # one layer's rows, reused by every layer: allocated (and its pages faulted) once
+                most = max(len({(receivers[j].input, receivers[j].head) for j in js}) for js in heads_at.values())
+                buf = x.new_empty((most, *x.shape))
+            per_chunk = max(1, _CHUNK_BYTES // (x.numel() * x.element_size()))
+            for start in range(0, len(keys), per_chunk):
+                chunk = keys[start : start + per_chunk]
+                rows = buf[start : start + len(chunk)]  # [chunk, n, pos, d_model]
+                for t, (c, h) in enumerate(chunk):  # d m / d(norm output) through each head alone
+                    torch.matmul(g[site(c, layer)][:, :, h], w_in[(layer, c)][h].to(x.device, x.dtype).T, out=rows[t])
+                if norm is not None:
+                    rows.copy_(_norm_input_grads(norm, x, rows))
+            rows = buf[: len(keys)]
+            js = [j for key in keys for j in slots[key]]
+            if len(js) > len(keys):  # a slot read by several receivers (one named twice)
+                rows = rows[[t for t, key in enumerate(keys) for _ in slots[key]]]
+            yield js, rows
 
 
-def _batched_input_grads(output: Tensor, leaf: Tensor, grad_outputs: Tensor) -> Tensor:
-    """``[m, ...leaf]``: the vector-Jacobian product of ``output`` with each of the ``m`` rows of
-    ``grad_outputs``, in one vmapped backward (a loop where an operation has no batching rule)."""
-    try:
-        (grads,) = torch.autograd.grad(
-            output, leaf, grad_outputs=grad_outputs, retain_graph=True, is_grads_batched=True
-        )
-        return grads
-    except RuntimeError:
-        rows = [torch.autograd.grad(output, leaf, grad_outputs=go, retain_graph=True)[0] for go in grad_outputs]
-        return torch.stack(rows)
+#: the heads' input gradients go back through the norm a few at a time, at most this many bytes
+#: at once: small enough to stay in the allocator's reused memory (larger blocks are mapped and
+#: unmapped on every allocation, and each page is faulted in again)
+_CHUNK_BYTES = 8 * 2**20
+
+
+def _sender_prefixes(model, senders: list[Node], receivers: list[Receiver]) -> tuple[list[int], list[int]]:
+    """The senders in the order they write (``order``, indices into ``senders``) and, per
+    receiver, how many of them come first and can reach it (``reached``): every edge into a
+    receiver is from a prefix of that order, so its scores need only that prefix's writes."""
+    order = sorted(range(len(senders)), key=lambda i: senders[i].order)
+    reached = []
+    for r in receivers:
+        hits = [pos for pos, i in enumerate(order) if reaches(model, senders[i], r)]
+        reached.append(hits[-1] + 1 if hits else 0)
+    return order, reached
+
+
+def _contract(writes: Tensor, rows: Tensor) -> Tensor:
+    """``[n, k, r]`` float64: per pair, every sender's write (``writes``, ``[n, k, pos, d]``) dotted
+    with every receiver's input gradient (``rows``, ``[r, n, pos, d]``), summed over positions
+    and ``d``: one matrix product per pair, on views (no copy of either tensor), in float32 or
+    wider (half-precision operands are widened first)."""
+    n, k, r = writes.shape[0], writes.shape[1], rows.shape[0]
+    wide = torch.promote_types(writes.dtype, torch.float32)
+    out = torch.zeros(n, k, r, dtype=torch.float64, device=writes.device)
+    for i in range(n if k and r else 0):
+        a = writes[i].flatten(1).to(wide)  # [k, pos * d]
+        b = rows[:, i].flatten(1).to(wide)  # [r, pos * d]
+        out[i] = a @ b.T
+    return out.cpu()
+
+
+def _norm_input_grads(norm, x: Tensor, grad_outputs: Tensor) -> Tensor:
+    """``[m, ...x]``: the vector-Jacobian product of ``norm`` at ``x`` with each of the ``m``
+    rows of ``grad_outputs``. A norm acts on each position's vector alone, so the ``m`` rows are
+    one batch of ``m`` copies of ``x``: one forward and one backward of the norm, where a vmapped
+    backward (``is_grads_batched``) falls back to a loop over the rows for LayerNorm."""
+    m = grad_outputs.shape[0]
+    with torch.enable_grad():
+        xs = x.detach().expand(m, *x.shape).reshape(m * x.shape[0], *x.shape[1:]).requires_grad_(True)
+        (grads,) = torch.autograd.grad(norm(xs), xs, grad_outputs=grad_outputs.reshape(xs.shape))
+    return grads.view(grad_outputs.shape)
 
 
 def _node_row(node: Node, position, score: float) -> dict:
