@@ -26,10 +26,12 @@ reports wall time and peak memory (resident-set growth on the CPU, sampled every
 
     python benchmarks/scale.py [--shape gpt2-small|llama-small|both] [--rows capture,eap,...]
                                [--device cpu|cuda] [--dtype float32|bfloat16] [--repeats 3]
-                               [--auto-circuit-python PATH]
+                               [--auto-circuit-python PATH] [--pyvene-python PATH]
 
 - activation: ``ActivationPatching`` of ``resid_pre`` at every (layer, position), 4 pairs; floor:
-  one forward per cell; peer: TransformerLens ``patching.get_act_patch_resid_pre`` (one forward per cell).
+  one forward per cell; peers: TransformerLens ``patching.get_act_patch_resid_pre`` (one forward
+  per cell) and, with ``--pyvene-python``, pyvene's ``VanillaIntervention`` on ``block_input``
+  (its own environment: ``benchmarks/peers/pyvene_peer.py``).
 
 auto-circuit (edge attribution and circuit evaluation) pins ``kaleido==0.2.1``, which the
 project's plots cannot use, so it runs in an environment of its own:
@@ -337,7 +339,9 @@ def row_activation(model, path, args):
             )
 
     tl, t_tl, mb_tl = once(tl_patching, args)
-    diff = (torch.tensor(df["score"].to_numpy()).reshape(tl.shape) - tl.float()).abs().max()
+    ours = torch.tensor(df["score"].to_numpy())
+    diff = (ours.reshape(tl.shape) - tl.float()).abs().max()
+    peers = pyvene_rows(path, pairs, ours, args) if args.pyvene_python else []
     return [
         {"what": f"floor: forward, {n_pairs} pairs", "seconds": fl["forward_s"], "ratio": 1.0},
         {
@@ -355,7 +359,33 @@ def row_activation(model, path, args):
             "ratio": t_tl / cells / fl["forward_s"],
             "ratio_is": "forwards per cell",
         },
+        *peers,
     ]
+
+
+def pyvene_rows(path: Path, pairs, ours, args) -> list[dict]:
+    """pyvene's patching of the same cells on the same weights and pairs, in its own environment
+    (``benchmarks/peers/pyvene_peer.py``); a failed run is a row that says so, not a lost table."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        handed = Path(tmp) / "pairs.pt"
+        torch.save(
+            {
+                "clean": pairs.clean.input_ids.cpu(),
+                "corrupted": pairs.corrupted.input_ids.cpu(),
+                "answer": pairs.answer.cpu(),
+                "wrong": pairs.wrong.cpu(),
+                "ours": ours,
+            },
+            handed,
+        )
+        cmd = [args.pyvene_python, str(Path(__file__).parent / "peers" / "pyvene_peer.py"), f"--model={path}"]
+        cmd += [f"--pairs-file={handed}", f"--repeats={args.repeats}", f"--threads={args.threads}"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return [{"what": f"pyvene: failed ({done.stderr.strip().splitlines()[-1][:200]})", "seconds": float("nan")}]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def row_path(model, path, args):
@@ -529,6 +559,12 @@ def main() -> None:
         help="the python of an environment with auto-circuit (see benchmarks/peers/auto_circuit_peer.py): "
         "also run its EAP and circuit evaluation at GPT-2-small shape",
     )
+    ap.add_argument(
+        "--pyvene-python",
+        default=None,
+        help="the python of an environment with pyvene (see benchmarks/peers/pyvene_peer.py): "
+        "also run its activation patching beside ours",
+    )
     ap.add_argument("--out", default=None, help="also write every row as JSON lines to this file")
     ap.add_argument("--row", default=None, help=argparse.SUPPRESS)  # one row, in a child process
     ap.add_argument("--table", nargs="+", default=None, help="print rows saved by --out as docs/benchmarks.md's tables")
@@ -556,6 +592,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--row", row] + [
                 f"--{k}={v}" for k, v in vars(args).items() if k in ("device", "dtype", "pairs", "pos", "repeats")
             ]
+            cmd += [f"--pyvene-python={args.pyvene_python}"] if args.pyvene_python and row == "activation" else []
             cmd += [f"--shape={shape}", f"--threads={args.threads}", f"--cache={args.cache}"]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
@@ -569,7 +606,8 @@ def main() -> None:
                 target = f"{rec['target']:.2f}" if rec.get("target") is not None else ""
                 print(f"{rec['what']:<72}{rec['seconds']:>9.2f}{mb:>9}{ratio:>8}{target:>8}", flush=True)
                 if rec.get("max_score_diff") is not None:
-                    print(f"  largest |score - TransformerLens'| of a cell: {rec['max_score_diff']:.1e}", flush=True)
+                    peer = "pyvene's" if rec["what"].startswith("pyvene") else "TransformerLens'"
+                    print(f"  largest |score - {peer}| of a cell: {rec['max_score_diff']:.1e}", flush=True)
                 if rec.get("max_acc_diff") is not None:
                     diff = f"largest {rec['max_acc_diff']:.3f}, mean {rec['mean_acc_diff']:.4f}"
                     print(f"  |accuracy - scikit-learn's| per cell: {diff}", flush=True)
