@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from . import memory
 from .models import Model, load_model
 from .progress import progress_bar
 from .prompts import Prompt, as_prompts
@@ -73,6 +74,7 @@ def capture(
     token_positions = [resolve_positions(e, p, positions, i) for i, (e, p) in enumerate(zip(encoded, prompts))]
     dtype = dtype or model.dtype
     job = _Job(model, sites, encoded, token_positions, positions, batch_size, dtype, torch.device(device), padding_side)
+    job.check_memory(len(prompts) if store is None else min(shard_size, len(prompts)), store is not None)
 
     if store is None:
         bar = progress_bar(total=len(prompts), desc="capture", unit="prompts", progress=progress, threshold=batch_size)
@@ -123,6 +125,29 @@ class _Job:
         self.batch_size, self.dtype, self.device, self.padding_side = batch_size, dtype, device, padding_side
         self.all_tokens = spec == "all"
         self.width = max(len(p) for p in token_positions)
+
+    def check_memory(self, n_rows: int, to_store: bool) -> None:
+        """Refuse before any pass when one batch's forward, or the ``n_rows`` captured rows (every
+        prompt, or one shard of a store), would not fit: the rows are held twice at their peak (the
+        batches' pieces and their concatenation; three times with every token's mask applied), each
+        site at most ``d_model`` wide per token."""
+        model, n_sites = self.model, len(self.sites)
+        longest = max((len(e) for e in self.encoded), default=1)
+        k = self.width if self.all_tokens else max((len(p) for p in self.token_positions), default=1)
+        element = torch.empty((), dtype=self.dtype).element_size()
+        held = (3 if self.all_tokens else 2) * n_rows * k * n_sites * model.d_model * element
+        forward = memory.forward_bytes(model, min(self.batch_size, len(self.encoded)), longest, graph=False)
+        what = f"capturing {n_sites} sites at {k} positions of {n_rows} prompts"
+        advice = (
+            f"use fewer prompts or write them to a store in shards (store=..., shard_size=..., now "
+            f"{n_rows} rows at once), fewer sites, fewer positions, a smaller dtype, or a smaller batch_size "
+            f"(now {self.batch_size} prompts per pass)"
+        )
+        if torch.device(self.device) == torch.device(model.device):
+            memory.check_fits(held + forward, model, what, advice)
+        else:
+            memory.check_fits(forward, model, what, advice)
+            memory.check_fits(held, self.device, what, advice)
 
     def rows(self, start: int, stop: int, bar) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
         chunks: dict[str, list[torch.Tensor]] = {s: [] for s in self.sites}

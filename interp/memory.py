@@ -14,7 +14,8 @@ in the model's precision:
   (``[R | S, n, pos, d]``), for edge patching the senders' writes and differences and the patched
   receivers' inputs, for activation, path and node patching the cached activations of both runs,
   for a Jacobian one backward pass's buffers per output coordinate vmapped at once (which sets
-  how many are), for a probe sweep the solver's working set (``probes.logistic.solver_bytes``).
+  how many are), for a probe sweep the solver's working set (``probes.logistic.solver_bytes``),
+  for a capture the rows it returns (every prompt, or one shard of a store), held twice.
 
 The estimate is compared with the memory the model's device can still give (on a GPU what
 ``torch.cuda.mem_get_info`` reports free plus what PyTorch holds reserved but unused; on Linux

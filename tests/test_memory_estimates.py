@@ -47,7 +47,8 @@ def test_estimates_are_positive_and_grow_with_the_batch(counted):
 
 
 @pytest.mark.parametrize(
-    "what", ["eap", "edge_patching", "faithfulness", "activation_patching", "path_patching", "nodes", "jacobian"]
+    "what",
+    ["eap", "edge_patching", "faithfulness", "activation_patching", "path_patching", "nodes", "jacobian", "capture"],
 )
 def test_refuses_before_any_pass_when_memory_is_short(counted, monkeypatch, what):
     model, pairs, runs = counted
@@ -66,6 +67,8 @@ def test_refuses_before_any_pass_when_memory_is_short(counted, monkeypatch, what
             AttributionPatching(model, "logit_diff", progress=False).nodes(pairs)
         elif what == "jacobian":
             jacobian(model, CLEAN, of="logits")
+        elif what == "capture":
+            interp.capture(model, CLEAN, sites=["blocks.1.hook_resid_post"], positions="all")
         else:
             edges = AttributionPatching(model, "logit_diff", progress=False)
             monkeypatch.setattr(memory, "available_bytes", lambda device: None)  # the scores themselves fit
@@ -93,6 +96,30 @@ def test_probe_solver_refuses_and_says_what_to_restrict(monkeypatch):
         )
     monkeypatch.setattr(memory, "enabled", False)
     assert fit_logistic(X, y).coef.shape == (3, 2, 16, 3)
+
+
+def test_the_capture_estimate_counts_the_rows_it_holds(counted, monkeypatch, tmp_path):
+    """Capture refuses when the captured rows would not fit, says to shard them into a store,
+    and fits where a store holds one shard at a time."""
+    model, _, runs = counted
+    prompts = CLEAN * 50  # 100 prompts
+    need = {}
+    real = memory.check_fits
+    monkeypatch.setattr(memory, "check_fits", lambda n, *a: need.setdefault("bytes", n) and real(n, *a))
+    interp.capture(model, prompts, sites=["blocks.1.hook_resid_post"], positions="all", batch_size=10)
+    whole = need.pop("bytes")
+    n_pos = max(len(model.tokenizer(p)["input_ids"]) for p in prompts)
+    assert whole >= 3 * 100 * n_pos * model.d_model * 4  # every token's row, three times, float32
+    monkeypatch.setattr(memory, "available_bytes", lambda device: whole - 1)
+    runs.clear()
+    with pytest.raises(MemoryError, match="store=") as err:
+        interp.capture(model, prompts, sites=["blocks.1.hook_resid_post"], positions="all", batch_size=10)
+    assert runs == [] and "100 rows at once" in str(err.value)
+    store = interp.capture(
+        model, prompts, sites=["blocks.1.hook_resid_post"], positions="all", batch_size=10, store=tmp_path / "s",
+        shard_size=10,
+    )  # fmt: skip
+    assert len(runs) == 10 and store is not None  # one shard's rows at a time fit
 
 
 def test_the_estimate_grows_with_what_the_solver_holds():
