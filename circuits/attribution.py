@@ -302,8 +302,10 @@ class AttributionPatching:
                     keep=node_sites if one_point else (), read=self._graph_sites(receivers),
                 )  # fmt: skip
                 tgt = kept_here if one_point else tgt
-                if writes is None:  # [n, S, pos, d_model], senders in the order they write
-                    writes = torch.stack([self._write_delta(senders[i], src, tgt, w_o) for i in order], 1)
+                if writes is None:  # [n, S, pos, d_model], senders in the order they write, filled in place
+                    writes = embed.new_empty((len(part), len(senders), *embed.shape[1:]))
+                    for t, i in enumerate(order):
+                        writes[:, t] = self._write_delta(senders[i], src, tgt, w_o)
                 for js, rows in self._receiver_inputs(g, graph, receivers, w_in):
                     k = max(reached[j] for j in js)  # the senders that write before these receivers read
                     per_pair[:, :k, js] += _contract(writes[:, :k], rows)
@@ -349,26 +351,34 @@ class AttributionPatching:
         return df
 
     def _check_edge_memory(self, pairs: Pairs) -> None:
-        """Refuse before any pass if one batch's graph, caches, writes and one layer's receiver
-        input gradients would not fit."""
+        """Refuse before any pass if one batch's graph, caches, writes, one layer's receiver input
+        gradients and the norm's backward on a chunk of them would not fit on the model's device,
+        or the float64 per-pair scores (three copies while they are put back in order) in the
+        CPU's memory."""
         model, rows, n_pos = self.model, min(self.batch_size, len(pairs)), pairs.n_pos
         R, S = len(self.receivers_), len(self.nodes_)
+        if S == 0 or R == 0:
+            raise ValueError(
+                f"edge attribution needs at least one sender and one receiver (got {S} senders, {R} receivers): "
+                "name some with nodes=[...] and receivers=[...], or leave them out for all"
+            )
         per_layer = max(Counter(r.layer for r in self.receivers_ if r.kind == "head").values(), default=1)
+        residual = rows * n_pos * model.d_model * memory.element_bytes(model)
         per_pair = (S + per_layer) * n_pos * model.d_model * memory.element_bytes(model)
+        chunk = max(_CHUNK_BYTES, residual)  # at least one head's rows go through the norm at once
         need = (
             memory.forward_bytes(model, rows, n_pos, graph=True)
             + memory.forward_bytes(model, rows, n_pos, graph=False)
             + rows * per_pair
-            + rows * S * R * 8  # the float64 scores of each pair
-            + _CHUNK_BYTES
+            + 5 * 2 * chunk  # the chunk's copies of the residual, the norm's output and its gradients (widened)
         )
-        memory.check_fits(
-            need,
-            model,
-            f"edge attribution of {S} senders x {R} receivers on batches of {rows} pairs x {n_pos} positions",
+        what = f"edge attribution of {S} senders x {R} receivers on batches of {rows} pairs x {n_pos} positions"
+        advice = (
             f"use a smaller batch_size (each pair adds about {per_pair / 1024**2:.0f} MiB), fewer receivers "
-            "or senders (receivers=[...], nodes=[...]), or shorter prompts",
+            "or senders (receivers=[...], nodes=[...]), or shorter prompts"
         )
+        memory.check_fits(need, model, what, advice)
+        memory.check_fits(3 * rows * S * R * 8, "cpu", what, advice)
 
     @staticmethod
     def _write_delta(node: Node, src, tgt, w_o) -> Tensor:
@@ -475,9 +485,12 @@ def _contract(writes: Tensor, rows: Tensor) -> Tensor:
     """``[n, k, r]`` float64: per pair, every sender's write (``writes``, ``[n, k, pos, d]``) dotted
     with every receiver's input gradient (``rows``, ``[r, n, pos, d]``), summed over positions
     and ``d``: one matrix product per pair, on views (no copy of either tensor), in float32 or
-    wider (half-precision operands are widened first)."""
+    wider (half-precision operands are widened first; float64 on a GPU where TF32 matmuls are
+    allowed, ``torch.set_float32_matmul_precision`` below ``"highest"``)."""
     n, k, r = writes.shape[0], writes.shape[1], rows.shape[0]
     wide = torch.promote_types(writes.dtype, torch.float32)
+    if wide == torch.float32 and writes.is_cuda and torch.get_float32_matmul_precision() != "highest":
+        wide = torch.float64  # TF32 (a global setting) would round float32 products to ~1e-3
     out = torch.zeros(n, k, r, dtype=torch.float64, device=writes.device)
     for i in range(n if k and r else 0):
         a = writes[i].flatten(1).to(wide)  # [k, pos * d]

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 from naive_patching import naive_path_patch
+from tiny_models import with_random_norms
 
 import interp
 from circuits import (
@@ -257,21 +258,26 @@ def test_edge_attribution_with_frozen_weights(model_dirs, backend, family):
     torch.testing.assert_close(after.score.to_numpy(), before.score.to_numpy(), atol=1e-7, rtol=1e-5)
 
 
+@pytest.mark.parametrize("ig_steps", [None, 2])
 @pytest.mark.parametrize("family", ["gpt2", "llama_gqa", "gpt_neox"])
-def test_edge_scores_do_not_depend_on_the_order_or_the_chunking(model_dirs, family, monkeypatch):
+def test_edge_scores_do_not_depend_on_the_order_or_the_chunking(family, ig_steps, monkeypatch):
     """Senders and receivers named in any order get the scores they get in the model's order
     (the products run over the senders in writing order, then are put back), and heads' input
-    gradients taken back through the norm one at a time equal those taken several at once."""
+    gradients taken back through the norm one at a time equal those taken several at once
+    (norms drawn at random, so no layer's norm can stand in for another's)."""
     attribution = sys.modules["circuits.attribution"]
-    model = interp.load_model(model_dirs[family])
+    hf, tok = with_random_norms(family)
+    model = interp.load_model(hf, tokenizer=tok)
     pairs = _pairs(model)
-    plain = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
+    plain = AttributionPatching(model, "logit_diff", ig_steps=ig_steps, progress=False).edges(pairs)
     senders = sorted(set(plain.sender))
     receivers = sorted(set(plain.receiver))
     random.Random(0).shuffle(senders)
     random.Random(1).shuffle(receivers)
     monkeypatch.setattr(attribution, "_CHUNK_BYTES", 1)  # one head's gradient per backward through the norm
-    shuffled = AttributionPatching(model, "logit_diff", nodes=senders, receivers=receivers, progress=False).edges(pairs)
+    shuffled = AttributionPatching(
+        model, "logit_diff", ig_steps=ig_steps, nodes=senders, receivers=receivers, progress=False
+    ).edges(pairs)
     assert list(dict.fromkeys(shuffled.sender)) == senders  # rows in the order asked for
     merged = plain.merge(shuffled, on=["sender", "receiver"], suffixes=("", "_shuffled"))
     assert len(merged) == len(plain) == len(shuffled)
@@ -305,6 +311,8 @@ def test_bad_inputs(model_dirs):
         PathPatching(model, receivers=["L1H3.z"]).run(pairs)
     with pytest.raises(UnknownComponentError, match="L0H1"):
         PathPatching(model, senders=["L0H01"]).run(pairs)
+    with pytest.raises(ValueError, match="at least one sender and one receiver"):
+        AttributionPatching(model, nodes=[], progress=False).edges(pairs)
     with pytest.raises(ValueError, match="did you mean 'resid_pre'"):
         ActivationPatching(model, sites=["resid_prev"]).run(pairs)
     with pytest.raises(ValueError, match="unknown metric"):

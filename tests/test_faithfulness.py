@@ -175,10 +175,13 @@ def test_mean_ablation_replaces_a_node_by_its_mean(model_dirs, backend):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_edge_attribution_is_the_derivative_of_the_exact_edge_effect_under_gqa(model_dirs, backend):
+def test_edge_attribution_is_the_derivative_of_the_exact_edge_effect_under_gqa(backend):
     """On a grouped-query model, EAP's score of every edge (into queries, shared keys/values, MLPs
-    and logits) equals the derivative of the exact effect of patching a fraction t of that edge."""
-    model = interp.load_model(model_dirs["llama_gqa"], backend=backend)
+    and logits) equals the derivative of the exact effect of patching a fraction t of that edge.
+    Norms drawn at random, so a head's input gradient taken back through another layer's norm
+    (or the MLP's) would not pass."""
+    hf, tok = with_random_norms("llama_gqa")
+    model = interp.load_model(hf, backend=backend, tokenizer=tok)
     assert model.n_kv_heads == 2 < model.n_heads
     pairs = _pairs(model)
     eap = AttributionPatching(model, "logit_diff", progress=False).edges(pairs)
