@@ -372,6 +372,7 @@ def write_summary(
 
     summary = {
         "model": spec.model.name,
+        "backend": spec.model.backend_name,
         "architecture": architecture(spec.model),
         "n_relations": len(names),
         "methods": list(c.methods),
