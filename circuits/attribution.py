@@ -423,8 +423,7 @@ class AttributionPatching:
         a few at a time, when they are asked for (:data:`_CHUNK_BYTES`)."""
         model = self.model
         parallel = has_parallel_blocks(model)
-        heads_at: dict[int, list[int]] = {}
-        buf = None
+        slots_at: dict[int, dict[tuple[str, int], list[int]]] = {}  # layer -> (input, head slot) -> its receivers
         for j, r in enumerate(receivers):
             if r.kind == "logits":
                 yield [j], g[receiver_site(model, r)][None]
@@ -434,20 +433,16 @@ class AttributionPatching:
                     graph[receiver_site(model, r)], x, grad_outputs=g[receiver_site(model, r)], retain_graph=True
                 )
                 yield [j], grad.detach()[None]
-            else:
-                heads_at.setdefault(r.layer, []).append(j)
-        for layer, idx in heads_at.items():
+            else:  # the head's slot: its group under grouped-query attention
+                h = r.head * g[site(r.input, r.layer)].shape[2] // model.n_heads
+                slots_at.setdefault(r.layer, {}).setdefault((r.input, h), []).append(j)
+        buf = None  # one layer's rows, reused by every layer: allocated (and its pages faulted) once
+        for layer, slots in slots_at.items():
             u, x = graph[site("attn_in", layer)], graph[site("resid_pre", layer)]
             norm = model.attention_norm(layer) if u is not x else None  # post-norm BERT reads x itself
-            slots: dict[tuple[str, int], list[int]] = {}  # (input, head slot) -> the receivers reading it
-            for j in idx:
-                r = receivers[j]
-                h = r.head * g[site(r.input, layer)].shape[2] // model.n_heads  # the head's slot (its group under GQA)
-                slots.setdefault((r.input, h), []).append(j)
             keys = list(slots)
-            if buf is None:  # one layer's rows, reused by every layer: allocated (and its pages faulted) once
-                most = max(len({(receivers[j].input, receivers[j].head) for j in js}) for js in heads_at.values())
-                buf = x.new_empty((most, *x.shape))
+            if buf is None:
+                buf = x.new_empty((max(map(len, slots_at.values())), *x.shape))
             per_chunk = max(1, _CHUNK_BYTES // (x.numel() * x.element_size()))
             for start in range(0, len(keys), per_chunk):
                 chunk = keys[start : start + per_chunk]

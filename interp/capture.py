@@ -74,7 +74,7 @@ def capture(
     token_positions = [resolve_positions(e, p, positions, i) for i, (e, p) in enumerate(zip(encoded, prompts))]
     dtype = dtype or model.dtype
     job = _Job(model, sites, encoded, token_positions, positions, batch_size, dtype, torch.device(device), padding_side)
-    job.check_memory(len(prompts) if store is None else min(shard_size, len(prompts)), store is not None)
+    job.check_memory(len(prompts) if store is None else min(shard_size, len(prompts)))
 
     if store is None:
         bar = progress_bar(total=len(prompts), desc="capture", unit="prompts", progress=progress, threshold=batch_size)
@@ -126,7 +126,7 @@ class _Job:
         self.all_tokens = spec == "all"
         self.width = max(len(p) for p in token_positions)
 
-    def check_memory(self, n_rows: int, to_store: bool) -> None:
+    def check_memory(self, n_rows: int) -> None:
         """Refuse before any pass when one batch's forward, or the ``n_rows`` captured rows (every
         prompt, or one shard of a store), would not fit: the rows are held twice at their peak (the
         batches' pieces and their concatenation; three times with every token's mask applied), each
