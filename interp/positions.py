@@ -9,6 +9,10 @@ just before the template's own tokens.
 
 >>> locate = SubjectEnd(model.tokenizer, prompts)     # checked on every prompt
 >>> locate(batch)                                      # [batch] positions, padding included
+
+:class:`SubjectTokens` finds *every* token of the subject the same way: the subject's last token
+as above, and as many tokens before it as the subject has in the prompt the row came from
+(recognized by its tokens up to the subject's end).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from .prompts import Prompt
-from .tokens import Batch, encode, resolve_positions
+from .tokens import Batch, encode, resolve_positions, subject_tokens
 
 
 class SubjectEnd:
@@ -71,6 +75,42 @@ class SubjectEnd:
         """The row's tokens up to and including the subject's last token: a key for the prompt."""
         toks = [t for t, m in zip(row, mask) if m]
         return tuple(toks[: self.position(toks) + 1])
+
+
+class SubjectTokens:
+    """Every token of the subject in any batch of the given prompts (padded, reordered, extended
+    with candidate answers): ``locate(batch)`` returns ``(rows, positions, offsets)``, one entry per
+    subject token, where ``offsets`` counts back from the subject's last token (0 = last). A row is
+    recognized by its tokens up to the subject's end (:meth:`SubjectEnd.prefix`), so the locator
+    knows only the prompts it was built for, and says so for any other."""
+
+    def __init__(self, tokenizer, prompts: Sequence[Prompt]):
+        self.end = SubjectEnd(tokenizer, prompts)
+        self.lengths: dict[tuple[int, ...], int] = {}
+        for i, (p, enc) in enumerate(zip(prompts, encode(tokenizer, prompts))):
+            toks = subject_tokens(enc, p, i)
+            ids = tokenizer(p.text)["input_ids"]
+            key = tuple(ids[: self.end.position(ids) + 1])
+            if self.lengths.setdefault(key, len(toks)) != len(toks):
+                raise ValueError(f"{p.text!r} begins like another prompt but its subject has other tokens")
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows, positions, offsets = [], [], []
+        for r, (row, mrow) in enumerate(zip(batch.input_ids.tolist(), batch.attention_mask.tolist())):
+            toks = [t for t, m in zip(row, mrow) if m]
+            end = self.end.position(toks)
+            n = self.lengths.get(tuple(toks[: end + 1]))
+            if n is None:
+                raise ValueError(
+                    f"a row of this batch ({toks}) is not one of the prompts this SubjectTokens was built "
+                    "for; build it with every prompt it will meet"
+                )
+            lead = _lead(mrow)
+            for k in range(n):
+                rows.append(r)
+                positions.append(lead + end - k)
+                offsets.append(k)
+        return torch.tensor(rows), torch.tensor(positions), torch.tensor(offsets)
 
 
 def _lead(mask_row: Sequence[int]) -> int:

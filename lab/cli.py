@@ -341,12 +341,24 @@ def study_interventions(
     steer_scale: float = typer.Option(
         InterventionConfig.steer_scale, help="steering norm, in median distances between class means"
     ),
+    bottleneck: bool = typer.Option(
+        InterventionConfig.bottleneck,
+        help="the bottleneck arms: erase at the input embedding of the subject's last token",
+    ),
+    all_tokens: bool = typer.Option(
+        InterventionConfig.all_tokens,
+        help="the all-token arms: erase at every subject token, at the input and after every block but the last",
+    ),
 ):
     """Causal evidence: erase the original answer's readable subspace (LEACE) during fine-tuning and
-    evaluation, against random subspaces of the same rank; steer held-out subjects along the
-    pretrained class-mean direction, against random directions. Writes tables, figures and
+    evaluation, against random subspaces of the same rank and LEACE of shuffled answers (at the
+    most readable layer, at the input embedding, and at every subject token of every layer); steer
+    held-out subjects along the pretrained class-mean direction, against random directions and
+    class-mean directions of shuffled answers and of another relation. Writes tables, figures and
     interventions.html."""
-    cfg = InterventionConfig(method=method, n_random=n_random, steer_scale=steer_scale)
+    cfg = InterventionConfig(
+        method=method, n_random=n_random, steer_scale=steer_scale, bottleneck=bottleneck, all_tokens=all_tokens
+    )
     try:
         Interventions(model, relations or None, out, cfg, backend=backend).run()
     except StudyConfigError as err:

@@ -155,9 +155,17 @@ def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
     ).run()
     assert len(table) == 4 and (table["rank"] == table.n_answers - 1).all()
     arms = pd.read_csv(tmp_path / "arms.csv")
-    kinds = {"none", "leace", "shuffled", "random", "bottleneck_leace", "bottleneck_shuffled", "bottleneck_random"}
-    assert set(arms.kind) == kinds and len(arms) == 4 * 9
-    assert table.recall_none.between(0, 1).all() and {"recall_bottleneck_leace", "bottleneck_excess_drop"} <= set(table)
+    kinds = {"none", "leace", "shuffled", "random"}
+    kinds |= {f"{p}{k}" for p in ("bottleneck_", "alltoken_") for k in ("leace", "shuffled", "random")}
+    assert set(arms.kind) == kinds and len(arms) == 4 * 13
+    assert table.recall_none.between(0, 1).all()
+    assert {
+        "recall_bottleneck_leace",
+        "bottleneck_excess_drop",
+        "recall_alltoken_leace",
+        "alltoken_excess_drop",
+    } <= set(table)
+    assert (table.alltoken_leftover_covariance < 1e-4).all() and (table.alltoken_sites == model.n_layers).all()
     assert (table.layer < model.n_layers - 1).all()  # never the last block, where nothing downstream reads the subject
     s = json.loads((tmp_path / "interventions.json").read_text())
     assert s["n_relations"] == 4 and "excess_drop_vs_readability" in s
@@ -270,3 +278,111 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
         "world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
     ).run()
     pd.testing.assert_frame_equal(table, again)
+
+
+def test_subject_tokens_finds_every_subject_token_in_any_batch():
+    from interp.positions import SubjectTokens
+    from interp.tokens import encode, subject_tokens
+
+    model = _tiny("nnsight")
+    tok = model.tokenizer
+    prompts = [Prompt(TEMPLATE.format(s), s) for s in ["Paris", "Vorn Kallit", "Madrid Tesh Oba"]]
+    locate = SubjectTokens(tok, prompts)
+    want = [subject_tokens(e, p, i) for i, (p, e) in enumerate(zip(prompts, encode(tok, prompts)))]
+    assert [len(w) for w in want] != [1, 1, 1]  # multi-token subjects are exercised
+    for side in ("left", "right"):
+        batch = model.batch(model.encode(prompts[::-1] + [p.text + " France" for p in prompts[:1]]), side)
+        rows, pos, off = locate(batch)
+        lead = [int((m == 0).sum()) if side == "left" else 0 for m in batch.attention_mask]
+        for r, p in enumerate(prompts[::-1] + prompts[:1]):  # reordered, padded, extended by a candidate
+            w = want[prompts.index(p)]
+            got = sorted(int(q) - lead[r] for q in pos[rows == r])
+            assert got == w and sorted(off[rows == r].tolist()) == list(range(len(w)))
+            assert int(pos[(rows == r) & (off == 0)]) - lead[r] == w[-1]  # offset 0: the subject's last token
+    with pytest.raises(ValueError, match="not one of the prompts"):
+        locate(model.batch(model.encode([TEMPLATE.format("Rome")])))
+
+
+def test_all_token_erasure_acts_at_every_subject_token_by_group_on_both_backends():
+    from interp.positions import SubjectTokens
+
+    prompts = [Prompt(TEMPLATE.format(s), s) for s in _subjects(12)]
+    site = "blocks.0.hook_resid_post"
+    got = {}
+    for backend in BACKENDS:
+        model = _tiny(backend)
+        locate = SubjectTokens(model.tokenizer, prompts)
+        x, off, idx = arms.token_states(model, [p.text for p in prompts], locate, site)
+        y = [i % 3 for i in idx.tolist()]
+        erasers = {
+            g: fit_leace(x[off.clamp(max=1) == g], [v for v, o in zip(y, off) if min(int(o), 1) == g]) for g in (0, 1)
+        }
+        before = interp.capture(model, prompts, sites=[site], positions="all", progress=False)[site]
+        after = interp.capture(
+            model.intervened(site, arms.erasing_tokens(locate, erasers)),
+            prompts,
+            sites=[site],
+            positions="all",
+            progress=False,
+        )[site]
+        batch = model.batch(model.encode(prompts), "right")
+        rows, pos, offs = locate(batch)
+        touched = torch.zeros(before.shape[:2], dtype=torch.bool)
+        for r, p, o in zip(rows.tolist(), pos.tolist(), offs.tolist()):
+            torch.testing.assert_close(after[r, p], erasers[min(o, 1)](before[r, p]), atol=1e-5, rtol=0)
+            touched[r, p] = True
+        assert touched.sum() > len(prompts)  # earlier subject tokens too, not only the last
+        torch.testing.assert_close(after[~touched], before[~touched], atol=0, rtol=0)
+        got[backend] = after
+    torch.testing.assert_close(got["nnsight"], got["transformer_lens"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_all_token_erasers_leave_no_linear_trace_at_any_site_of_the_world_model(tmp_path):
+    """Fitted site after site on the fine-tuning subjects alone: at every site, with the earlier
+    sites' erasers standing, each token group's states keep no cross-covariance with the answer;
+    random controls have LEACE's rank at every site and group; recall falls under LEACE, not under
+    random subspaces."""
+    study_cfg = StudyConfig(
+        finetune_budget=(60, 90), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), folds=3
+    )
+    run = Interventions("world", ["continent"], tmp_path, InterventionConfig(n_random=2), study_cfg, progress=False)
+    r = run.study.relations["continent"]
+    seen = []
+    fit = arms.fit_token_erasers
+
+    def spy(model, texts, answers, locate, n_random, seed):
+        seen.append(list(texts))
+        return fit(model, texts, answers, locate, n_random, seed)
+
+    arms.fit_token_erasers = spy
+    try:
+        s = arms.setup(run.model, r, run.study.labels, study_cfg, run.config)
+    finally:
+        arms.fit_token_erasers = fit
+    ctx = lambda i: run.model.scoring.context(study_cfg.finetune.template.format(r.subjects[i]))  # noqa: E731
+    assert seen == [[ctx(i) for i in s.design.finetune]]  # the fine-tuning subjects, never a held-out one
+    stack = s.erasers["alltoken_leace"]
+    assert [site for site, _ in stack] == arms.token_sites(run.model) and len(stack) == run.model.n_layers
+    texts = seen[0]
+    model = run.model
+    for site, erasers in stack:
+        model = model.intervened(site, arms.erasing_tokens(s.tokens, erasers))
+        x, off, idx = arms.token_states(model, texts, s.tokens, site)  # after this site's eraser
+        for g in (0, 1):
+            sel = off.clamp(max=1) == g
+            assert sel.any() and _cross_covariance(x[sel], [s.answers_finetune[i] for i in idx[sel]]) < 1e-4
+    for k in range(2):
+        for (_, le), (_, ra) in zip(stack, s.erasers[f"alltoken_random{k}"]):
+            assert {g: e.rank for g, e in le.items()} == {g: e.rank for g, e in ra.items()}
+    assert s.row["alltoken_leftover_covariance"] < 1e-4
+    recall = arms.erased_recall(run.model, s)
+    assert recall["recall_alltoken_leace"] < recall["recall_alltoken_random"] - 0.1
+
+
+def _cross_covariance(x, labels) -> float:
+    """The largest absolute cross-covariance of states with their one-hot labels."""
+    _, idx = np.unique(np.asarray(labels), return_inverse=True)
+    z = torch.nn.functional.one_hot(torch.as_tensor(idx)).double()
+    x = x.double()
+    return float(((x - x.mean(0)).T @ (z - z.mean(0)) / len(x)).abs().max())

@@ -17,6 +17,18 @@ no longer holds (the layer arms act after block ``layer``, where attention has a
 subject's other tokens and the unerased embedding). What the model can still use: the subject's
 other tokens (first names, shared among subjects).
 
+**The all-token arms** (``alltoken_leace``, ``alltoken_shuffled``, ``alltoken_random0..``;
+``InterventionConfig(all_tokens=True)``) erase at *every* subject token and at every site a later
+token reads the subject from: the input embeddings and the residual stream after every block but
+the last (:func:`token_sites`). The erasers are fitted site by site on the fine-tuning subjects,
+each on the states the model has with the erasers of the earlier sites already standing (as
+LEACE's concept scrubbing does), pooled over the subject's tokens in two groups: its last token
+and its earlier tokens (each group its own eraser, so a classifier of either group's states finds
+no linear trace of the answer). No token after the subject reads an unerased subject state at any
+layer; what a later block can still use is information the erasers leave: non-linearly encoded, or
+what the template words carry. On a model with word-piece subjects (MiniLM) this is the arm that
+closes the routes the one-site arm leaves open.
+
 **Recall after erasure** (:func:`erased_recall`): each eraser standing on the *pretrained* model,
 the accuracy of the original relation on the held-out subjects (the argmax among the relation's
 answers). Read beside generalization, it tells "the fine-tune needs the erased direction" from
@@ -35,7 +47,7 @@ import torch
 
 import interp
 from interp.models import Model
-from interp.positions import SubjectEnd
+from interp.positions import SubjectEnd, SubjectTokens
 from interp.prompts import Prompt
 from interp.relations import Relation
 from interp.resampling import percentile_interval
@@ -71,6 +83,114 @@ def erasing(locate: SubjectEnd, eraser: Eraser):
 BOTTLENECK_SITE = "hook_embed"
 #: the prefix of the bottleneck arms' names
 BOTTLENECK = "bottleneck_"
+
+
+#: the prefix of the all-token arms' names
+ALL_TOKENS = "alltoken_"
+
+#: one site's erasers of an all-token arm, by token group (0: the subject's last token, 1: its earlier ones)
+TokenErasers = dict[int, Eraser]
+
+
+def token_sites(model: Model) -> list[str]:
+    """Where the all-token arms erase: the input embeddings and the residual stream after every
+    block but the last (whose output at the subject reaches no later token)."""
+    return [BOTTLENECK_SITE] + [model.resid_site(l) for l in range(model.n_layers - 1)]
+
+
+def erasing_tokens(locate: SubjectTokens, erasers: TokenErasers):
+    """A standing intervention applying ``erasers[group]`` at every subject token of every row
+    (group 0: the last token, 1: the earlier ones; a group no eraser was fitted for, because no
+    fine-tuning subject had such tokens, gets the last token's)."""
+
+    def fn(act, batch):
+        rows, pos, off = locate(batch)
+        group = off.clamp(max=1)
+        out = act.clone()
+        for g in group.unique().tolist():
+            sel = group == g
+            r, p = rows[sel].to(act.device), pos[sel].to(act.device)
+            out[r, p] = erasers.get(g, erasers[0])(act[r, p])
+        return out
+
+    return fn
+
+
+def token_states(
+    model: Model, texts: Sequence[str], locate: SubjectTokens, site: str, batch_size: int = 64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """States at ``site`` of every subject token of ``texts`` (with the model's standing
+    interventions): ``[rows, d_model]``, each row's offset from the subject's last token, and
+    the index of its text."""
+    xs, offsets, index = [], [], []
+    for i in range(0, len(texts), batch_size):
+        batch = model.batch(model.encode(list(texts[i : i + batch_size])))
+        act = model.read(batch, [site])[site]
+        rows, pos, off = locate(batch)
+        xs.append(act[rows.to(act.device), pos.to(act.device)].float().cpu())
+        offsets.append(off)
+        index.append(rows + i)
+    return torch.cat(xs), torch.cat(offsets), torch.cat(index)
+
+
+def fit_token_erasers(
+    model: Model, texts: Sequence[str], answers: Sequence[str], locate: SubjectTokens, n_random: int, seed: int
+) -> tuple[dict[str, list[tuple[str, TokenErasers]]], dict]:
+    """The all-token arms' erasers (module docstring), fitted on the fine-tuning subjects' texts
+    alone, site after site with the earlier sites' erasers standing: ``alltoken_leace``,
+    ``alltoken_shuffled`` (the answers shuffled among the subjects as :func:`fit_erasers` shuffles
+    them) and ``alltoken_random0..`` (random subspaces of LEACE's rank at each site and group). Also
+    their statistics: the mean rank of an eraser, the largest leftover cross-covariance of a LEACE
+    eraser with the answer on the states it was fitted on, and the number of sites."""
+    shuffled = list(answers)
+    random.Random(seed).shuffle(shuffled)
+    targets = {"leace": list(answers), "shuffled": shuffled}
+    sites = token_sites(model)
+    ranks: dict[tuple[int, int], int] = {}
+    worst, stacks = 0.0, {}
+    for arm in ["leace", "shuffled", *(f"random{j}" for j in range(n_random))]:
+        m, stack = model, []
+        for k, site in enumerate(sites):
+            x, off, idx = token_states(m, texts, locate, site)
+            group = off.clamp(max=1)
+            erasers: TokenErasers = {}
+            for g in sorted(set(group.tolist())):
+                sel = group == g
+                if arm in targets:
+                    y = [targets[arm][i] for i in idx[sel].tolist()]
+                    erasers[g] = fit_leace(x[sel], y)
+                    if arm == "leace":
+                        ranks[(k, g)] = erasers[g].rank
+                        worst = max(worst, leftover(erasers[g], x[sel], y))
+                else:
+                    draw = int(arm.removeprefix("random"))
+                    erasers[g] = random_subspace(x[sel], ranks[(k, g)], seed * 1000 + 100 * draw + 2 * k + g)
+            stack.append((site, erasers))
+            m = m.intervened(site, erasing_tokens(locate, erasers))  # the next site meets these states
+        stacks[f"{ALL_TOKENS}{arm}"] = stack
+    stats = {
+        "alltoken_sites": len(sites),
+        "alltoken_rank": float(np.mean(list(ranks.values()))),
+        "alltoken_leftover_covariance": worst,
+    }
+    return stacks, stats
+
+
+def erasing_everywhere(model: Model, stack: list[tuple[str, TokenErasers]], locate: SubjectTokens) -> Model:
+    """``model`` with an all-token arm's erasers standing at every site of ``stack``."""
+    for site, erasers in stack:
+        model = model.intervened(site, erasing_tokens(locate, erasers))
+    return model
+
+
+def arm_model(model: Model, s: Setup, arm: str, locate: SubjectEnd | None = None, tokens=None) -> Model:
+    """``model`` with ``arm``'s erasers standing (``locate``/``tokens``: the locators for the
+    prompts it will meet; default: the setup's, built for the study's template)."""
+    if arm == "none":
+        return model
+    if arm.startswith(ALL_TOKENS):
+        return erasing_everywhere(model, s.erasers[arm], tokens or s.tokens)
+    return model.intervened(arm_site(model, arm, s.layer), erasing(locate or s.locate, s.erasers[arm]))
 
 
 def states(model: Model, prompts: Sequence[Prompt], layer: int | str | Sequence[int | str]) -> torch.Tensor:
@@ -124,8 +244,10 @@ def erased_recall(model: Model, s: Setup) -> dict[str, float]:
     prompts = [Prompt(r.template.format(r.subjects[i]), r.subjects[i]) for i in s.design.heldout]
     truth = [r.answers[i] for i in s.design.heldout]
     candidates = sorted(set(r.answers))
+    read = [Prompt(model.scoring.context(p.text), p.subject) for p in prompts]
     try:
-        locate = SubjectEnd(model.tokenizer, [Prompt(model.scoring.context(p.text), p.subject) for p in prompts])
+        locate = SubjectEnd(model.tokenizer, read)
+        tokens = SubjectTokens(model.tokenizer, read) if any(a.startswith(ALL_TOKENS) for a in s.erasers) else None
     except ValueError:  # the relation's own template splits oddly at the subject: recall is not measured
         return {f"recall_{k}": float("nan") for k in ("none", *_kinds(s.erasers))}
     texts = [p.text for p in prompts]
@@ -136,8 +258,8 @@ def erased_recall(model: Model, s: Setup) -> dict[str, float]:
 
     out = {"recall_none": accuracy(model)}
     draws: dict[str, list[float]] = {}
-    for arm, eraser in s.erasers.items():
-        acc = accuracy(model.intervened(arm_site(model, arm, s.layer), erasing(locate, eraser)))
+    for arm in s.erasers:
+        acc = accuracy(arm_model(model, s, arm, locate, tokens))
         kind = arm.rstrip("0123456789")
         if kind != arm:
             draws.setdefault(kind, []).append(acc)
@@ -159,8 +281,9 @@ class Setup:
     layer: int
     x_finetune: torch.Tensor
     answers_finetune: list[str]
-    erasers: dict[str, Eraser]
+    erasers: dict  # arm -> Eraser, or an all-token arm's [(site, TokenErasers)]
     row: dict
+    tokens: SubjectTokens | None = None  # every subject token (the all-token arms)
 
     @property
     def finetune_prompts(self) -> list[str]:
@@ -216,6 +339,17 @@ def setup(model: Model, r: Relation, labels: dict, study_config, config) -> Setu
             "bottleneck_transfer_after_kappa": probe_kappa(b(e_ft).numpy(), a_ft, b(e_ho).numpy(), a_ho),
             "moved_bottleneck_leace": _moved(e_ft, b),
         }
+    tokens, alltoken = None, {}
+    if getattr(c, "all_tokens", False):
+        read = [Prompt(model.scoring.context(p.text), p.subject) for p in prompts.values()]
+        tokens = SubjectTokens(model.tokenizer, read)
+        texts = [model.scoring.context(prompts[i].text) for i in design.finetune]
+        stacks, alltoken = fit_token_erasers(model, texts, a_ft, tokens, c.n_random, seed)
+        erasers |= stacks
+        erased = erasing_everywhere(model, stacks[f"{ALL_TOKENS}leace"], tokens)
+        t_ft = states(erased, [prompts[i] for i in design.finetune], layer)
+        t_ho = states(erased, [prompts[i] for i in design.heldout], layer)
+        alltoken["alltoken_transfer_after_kappa"] = probe_kappa(t_ft.numpy(), a_ft, t_ho.numpy(), a_ho)
     row = {
         "relation": r.name,
         "layer": layer,
@@ -234,8 +368,9 @@ def setup(model: Model, r: Relation, labels: dict, study_config, config) -> Setu
         "moved_shuffled": _moved(x_ft, erasers["shuffled"]),
         "moved_random": float(np.mean([_moved(x_ft, erasers[k]) for k in randoms])),
         **bottleneck,
+        **alltoken,
     }
-    return Setup(r, design, prompts, locate, layer, x_ft, a_ft, erasers, row)
+    return Setup(r, design, prompts, locate, layer, x_ft, a_ft, erasers, row, tokens)
 
 
 # one arm: a stage ---------------------------------------------------------------------------------
@@ -265,8 +400,7 @@ class ArmResult:
 
 def run_arm(a: ArmInputs) -> ArmResult:
     s, c, sc = a.setup, a.config, a.study_config
-    site = arm_site(a.model, a.arm, s.layer)
-    model = a.model if a.arm == "none" else a.model.intervened(site, erasing(s.locate, s.erasers[a.arm]))
+    model = arm_model(a.model, s, a.arm)
     tuned, info = finetune(
         model, s.finetune_prompts, s.finetune_labels, s.design.labels, c.method, sc.finetune, seed=sc.finetune_seeds[0]
     )
@@ -321,7 +455,7 @@ def erasure_rows(s: Setup, records: dict[str, dict], n_boot: int, seed: int) -> 
     tuned_probe = {a["arm"]: a["probe_after_tuned_kappa"] for a in arm_rows}
     row = {**s.row, "generalization_none": k["none"]}
     # the layer arms (no prefix: the columns' historical names) and the bottleneck arms
-    for prefix in ("", BOTTLENECK):
+    for prefix in ("", BOTTLENECK, ALL_TOKENS):
         if f"{prefix}leace" not in k:
             continue
         randoms = [a for a in s.erasers if a.startswith(f"{prefix}random")]

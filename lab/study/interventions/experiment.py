@@ -30,7 +30,8 @@ class InterventionConfig:
     random steering directions per relation; ``steer_scale``: the steering vector's norm in units
     of the median distance between class means; ``n_boot``: bootstrap resamples of each CI;
     ``bottleneck``: add the bottleneck arms (the same erasers at the input embeddings,
-    :mod:`.arms`)."""
+    :mod:`.arms`); ``all_tokens``: add the all-token arms (erasers at every subject token of every
+    site a later token reads, :mod:`.arms`)."""
 
     method: str = "full"
     n_random: int = 3
@@ -39,6 +40,7 @@ class InterventionConfig:
     folds: int = 5
     seed: int = 0
     bottleneck: bool = True
+    all_tokens: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)

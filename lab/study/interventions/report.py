@@ -81,6 +81,16 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "generalization_bottleneck_random",
         "bottleneck_excess_drop",
         "bottleneck_excess_drop_shuffled",
+        "alltoken_sites",
+        "alltoken_rank",
+        "alltoken_leftover_covariance",
+        "alltoken_transfer_after_kappa",
+        "alltoken_probe_after_tuned_kappa",
+        "generalization_alltoken_leace",
+        "generalization_alltoken_shuffled",
+        "generalization_alltoken_random",
+        "alltoken_excess_drop",
+        "alltoken_excess_drop_shuffled",
         "recall_none",
         "recall_leace",
         "recall_shuffled",
@@ -88,6 +98,9 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "recall_bottleneck_leace",
         "recall_bottleneck_shuffled",
         "recall_bottleneck_random",
+        "recall_alltoken_leace",
+        "recall_alltoken_shuffled",
+        "recall_alltoken_random",
         "switch_rate",
         "switch_rate_random",
         "switch_rate_shuffled",
@@ -109,7 +122,12 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
         **{
             k: across_relations(table[k], config.n_boot, config.seed)
-            for k in ("bottleneck_excess_drop", "bottleneck_excess_drop_shuffled")
+            for k in (
+                "bottleneck_excess_drop",
+                "bottleneck_excess_drop_shuffled",
+                "alltoken_excess_drop",
+                "alltoken_excess_drop_shuffled",
+            )
             if k in table
         },
         **{
@@ -121,14 +139,20 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         if "other_relation" in table
         else 0,
         "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
-        "relations_bottleneck_excess_drop_ci_above_0": int((table.bottleneck_excess_drop_ci_low > 0).sum())
-        if "bottleneck_excess_drop_ci_low" in table
-        else 0,
+        **{
+            f"relations_{p}excess_drop_ci_above_0": int((table[f"{p}excess_drop_ci_low"] > 0).sum())
+            if f"{p}excess_drop_ci_low" in table
+            else 0
+            for p in ("bottleneck_", "alltoken_")
+        },
         "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
         "excess_drop_vs_readability": corr("excess_drop"),
-        "bottleneck_excess_drop_vs_readability": corr("bottleneck_excess_drop")
-        if "bottleneck_excess_drop" in table
-        else {"r": float("nan"), "n": 0},
+        **{
+            f"{p}excess_drop_vs_readability": corr(f"{p}excess_drop")
+            if f"{p}excess_drop" in table
+            else {"r": float("nan"), "n": 0}
+            for p in ("bottleneck_", "alltoken_")
+        },
         "switch_excess_vs_readability": corr("switch_excess"),
     }
 
@@ -145,6 +169,7 @@ def figures(out: Path) -> dict[str, go.Figure]:
             ("generalization_shuffled", "shuffled answers (LEACE)"),
             ("generalization_leace", "answer erased (LEACE)"),
             ("generalization_bottleneck_leace", "answer erased at the input (LEACE)"),
+            ("generalization_alltoken_leace", "answer erased at every subject token and layer (LEACE)"),
         ],
         PALETTE,
     ):
@@ -245,6 +270,7 @@ def section(out: str | Path) -> str:
         f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
         f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. "
         + _bottleneck_sentences(s, ci)
+        + _alltoken_sentences(s, ci)
         + "Steering held-out subjects from answer "
         f"a toward b along the pretrained class-mean direction switches the fine-tuned model's label to label(b) in "
         f"{m['switch_rate']:.3f} of cases against {m['switch_rate_random']:.3f} for random directions of the same norm "
@@ -293,4 +319,27 @@ def _bottleneck_sentences(s: dict, ci) -> str:
         f"{s['relations_bottleneck_excess_drop_ci_above_0']} relations), over the shuffled control "
         f"{bs['mean']:.3f} (CI {ci(bs)}, p = {bs.get('p_sign_flip', np.nan):.2g}); vs readability r = "
         f"{be['r']:.2f} {ci(be)}. "
+    )
+
+
+def _alltoken_sentences(s: dict, ci) -> str:
+    """The all-token arms, where the run has them."""
+    m, a = s["mean"], s.get("alltoken_excess_drop")
+    if a is None:
+        return ""
+    sh, ar = s["alltoken_excess_drop_shuffled"], s["alltoken_excess_drop_vs_readability"]
+    return (
+        f"At every subject token and every site a later token reads ({m['alltoken_sites']:.0f} sites: the input "
+        "embeddings and the residual stream after every block but the last; erasers fitted site after site on the "
+        f"fine-tuning subjects, rank {m['alltoken_rank']:.1f} on average, largest leftover cross-covariance "
+        f"{m['alltoken_leftover_covariance']:.1e}): a probe at the layer transferred to held-out subjects reads "
+        f"{m['alltoken_transfer_after_kappa']:.3f} (before erasure {m['transfer_before_kappa']:.3f}), "
+        f"{m['alltoken_probe_after_tuned_kappa']:.3f} in the fine-tuned model; recall "
+        f"{m['recall_alltoken_leace']:.3f} (shuffled {m['recall_alltoken_shuffled']:.3f}, random "
+        f"{m['recall_alltoken_random']:.3f}); generalization {m['generalization_alltoken_leace']:.3f} against "
+        f"{m['generalization_alltoken_random']:.3f} (random subspaces) and "
+        f"{m['generalization_alltoken_shuffled']:.3f} (shuffled); excess drop {a['mean']:.3f} (CI {ci(a)}, "
+        f"sign-flip p = {a.get('p_sign_flip', np.nan):.2g}; per-relation CI above 0 in "
+        f"{s['relations_alltoken_excess_drop_ci_above_0']} relations), over the shuffled control {sh['mean']:.3f} "
+        f"(CI {ci(sh)}, p = {sh.get('p_sign_flip', np.nan):.2g}); vs readability r = {ar['r']:.2f} {ci(ar)}. "
     )
