@@ -113,6 +113,12 @@ class Scoring(ABC):
         """Mean cross-entropy of the labels of ``examples[index]`` (differentiable)."""
 
     @abstractmethod
+    def target_losses(self, batch: Batch, targets: Int[Tensor, "n pos"]) -> tuple[Tensor, Tensor]:
+        """Per row of ``batch``: the summed cross-entropy of its targets (``-100``: none) and their
+        number; :meth:`loss` is their ratio over a batch. Rows never mix, so a batch may hold several
+        jobs' rows (:mod:`interp.grouped`) and each job's loss is read from its own rows."""
+
+    @abstractmethod
     def frequency(self, text: str) -> float:
         """A proxy of how frequent ``text`` is in the model's training data (higher: more frequent)."""
 
@@ -180,6 +186,12 @@ class Continuation(Scoring):
     def loss(self, examples, index):
         batch, y = examples.rows(index)
         return lm_loss(self.model.forward(batch), y.to(self.model.device))
+
+    def target_losses(self, batch, targets):
+        logits = self.model.forward(batch).float()
+        y = torch.nn.functional.pad(targets, (0, 1), value=-100)[..., 1:].to(logits.device)  # as lm_loss shifts
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none")
+        return ce.view(y.shape).sum(1), (y != -100).sum(1)
 
     @torch.no_grad()
     def frequency(self, text):
@@ -304,6 +316,15 @@ class MaskedSlot(Scoring):
         pos = (y != -100).nonzero()
         logits = self.vocab_logits(self._on_device(batch), pos)
         return torch.nn.functional.cross_entropy(logits, y[pos[:, 0], pos[:, 1]].to(logits.device))
+
+    def target_losses(self, batch, targets):
+        pos = (targets != -100).nonzero()
+        logits = self.vocab_logits(self._on_device(batch), pos)
+        ce = torch.nn.functional.cross_entropy(
+            logits, targets[pos[:, 0], pos[:, 1]].to(logits.device), reduction="none"
+        )
+        sums = torch.zeros(len(targets), device=ce.device, dtype=ce.dtype).index_add(0, pos[:, 0].to(ce.device), ce)
+        return sums, (targets != -100).sum(1).to(ce.device)
 
     def frequency(self, text):
         words = text.split()

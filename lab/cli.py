@@ -349,6 +349,9 @@ def study_interventions(
         InterventionConfig.all_tokens,
         help="the all-token arms: erase at every subject token, at the input and after every block but the last",
     ),
+    layer: bool = typer.Option(
+        InterventionConfig.layer, help="the arms at the most readable layer, at the subject's last token"
+    ),
 ):
     """Causal evidence: erase the original answer's readable subspace (LEACE) during fine-tuning and
     evaluation, against random subspaces of the same rank and LEACE of shuffled answers (at the
@@ -357,7 +360,12 @@ def study_interventions(
     class-mean directions of shuffled answers and of another relation. Writes tables, figures and
     interventions.html."""
     cfg = InterventionConfig(
-        method=method, n_random=n_random, steer_scale=steer_scale, bottleneck=bottleneck, all_tokens=all_tokens
+        method=method,
+        n_random=n_random,
+        steer_scale=steer_scale,
+        bottleneck=bottleneck,
+        all_tokens=all_tokens,
+        layer=layer,
     )
     try:
         Interventions(model, relations or None, out, cfg, backend=backend).run()

@@ -175,6 +175,22 @@ def test_interventions_end_to_end_on_a_tiny_random_lm(backend, tmp_path):
         assert steer.switched_random.between(0, 1).all() and (steer.answer != steer.target_answer).all()
 
 
+@pytest.mark.slow
+def test_interventions_with_only_the_all_token_arms(tmp_path):
+    """A run without the layer and bottleneck arms (the real-model run's design) fine-tunes only
+    the all-token arms and still reports (recall with the layer's eraser, steering)."""
+    cfg = InterventionConfig(n_random=1, n_boot=50, bottleneck=False, layer=False)
+    run = Interventions(
+        _tiny("nnsight"), _relations()[:3], tmp_path, cfg, _tiny_study_config(), progress=False, labels=TINY_LABELS
+    )
+    table = run.run()
+    arms = pd.read_csv(tmp_path / "arms.csv")
+    assert set(arms.kind) == {"none", "alltoken_leace", "alltoken_shuffled", "alltoken_random"} and len(arms) == 3 * 4
+    assert "excess_drop" not in table and "alltoken_excess_drop" in table
+    text = iv.section(tmp_path)
+    assert "At every subject token" in text and "most readable layer" not in text
+
+
 WORLD_RELATIONS = ["continent", "hand", "season", "diet"]
 
 

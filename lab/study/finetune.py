@@ -29,6 +29,16 @@ label on 3 of 5 in a later try; at 3e-4 they learn). A rate the user sets is kep
 is recognized by its checkpoint folder (``world_spec.json``): one built in memory gets the
 pretrained rates unless they are set.
 
+**Many at once** (:func:`finetune_group`): fine-tunes of the same model with the same method and
+configuration (different relations, label maps or seeds) train as one group (:mod:`interp.grouped`):
+one forward and backward pass per step over every job's batch, each job with its own
+initialization (LoRA's, from its seed), data order, AdamW state and stopping rule; a job that
+stops (every fine-tuning subject right, or a non-finite loss) leaves the group, which goes on
+with the rest. Its fine-tunes equal the one-at-a-time ones up to float rounding (rows padded to
+the group's longest, batched matmuls): tested. A model that trains with dropout is refused (its
+masks would be drawn from one stream for the whole group, so no job would be the fine-tune its
+seed gives alone).
+
 **What training reports** besides the model: the steps taken, the training accuracy and Cohen's
 kappa of the last check (the fine-tuning set's own chance removed), the first and final loss,
 and the step at which the loss became NaN or infinite (training stops there). Whether that makes
@@ -42,7 +52,9 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from interp.grouped import Grouped, dropout_in
 from interp.models import Model
+from interp.tokens import Batch
 from interp.trainable import LoraSpec
 from interp.training import TrainingLoop, seed_torch
 from lab.world.checkpoint import world_checkpoint_of
@@ -137,3 +149,152 @@ def finetune(
         "lr": config.lora_lr if method == "lora" else config.lr,
         "trainable_params": sum(p.numel() for p in params),
     }
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    """One fine-tune of a group: its training prompts, labels, the label set it chooses among, seed."""
+
+    prompts: Sequence[str]
+    labels: Sequence[str]
+    label_set: Sequence[str]
+    seed: int
+
+
+def group_refusal(model: Model, method: str, config: FinetuneConfig) -> str | None:
+    """Why fine-tunes of ``model`` cannot train as a group, or None."""
+    dropout = dropout_in(model.module)
+    if dropout:
+        shown = ", ".join(f"{k}={v}" for k, v in list(dropout.items())[:3])
+        return (
+            f"{model.name} trains with dropout ({shown}); in a group every job's masks would come from one "
+            "random stream, so no job would be the fine-tune its seed gives alone. Run these fine-tunes one at a "
+            "time (executor 'serial', 'processes' or 'ray')"
+        )
+    if method == "full" and not config.freeze_embeddings:
+        return "a group cannot train embedding tables (freeze_embeddings=False): run these fine-tunes one at a time"
+    return None
+
+
+def finetune_group(
+    model: Model, specs: Sequence[FinetuneSpec], method: str, config: FinetuneConfig
+) -> list[tuple[Model, dict]]:
+    """:func:`finetune` of every spec, trained as one group (module docstring); the same results,
+    in order, up to float rounding."""
+    if method not in ("full", "lora"):
+        raise ValueError(f"unknown fine-tuning method {method!r}; use 'full' or 'lora'")
+    config = config.for_model(model)
+    why = group_refusal(model, method, config)
+    if why is not None:
+        raise ValueError(why)
+    lora = LoraSpec(config.lora_r, config.lora_alpha) if method == "lora" else None
+    tuned = []
+    for spec in specs:  # each job's own initialization, as finetune draws it
+        seed_torch(spec.seed)
+        tuned.append(model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings))
+    runner = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)  # rewired for the group
+    group = Grouped(runner.module, [t.module for t in tuned])
+    lr = config.lora_lr if method == "lora" else config.lr
+    opt = torch.optim.AdamW(group.parameters(), lr=lr, weight_decay=config.weight_decay)
+    examples = [runner.scoring.examples(s.prompts, s.labels) for s in specs]
+    golds = [torch.tensor([list(s.label_set).index(l) for l in s.labels]) for s in specs]
+    gens = [torch.Generator().manual_seed(s.seed) for s in specs]
+    facts = [
+        {
+            "steps": 0,
+            "train_accuracy": 0.0,
+            "train_kappa": 0.0,
+            "first_loss": None,
+            "final_loss": None,
+            "nonfinite": None,
+        }
+        for _ in specs
+    ]
+    active = list(range(len(specs)))  # job indices, in the group's order
+    runner.train()
+    for step in range(1, config.max_steps + 1):
+        idx = [torch.randperm(len(specs[j].prompts), generator=gens[j])[: config.batch_size] for j in active]
+        batch, targets, owner = _group_batch([examples[j].rows(i) for j, i in zip(active, idx)], runner.pad_token_id)
+        sums, counts = runner.scoring.target_losses(batch, targets)
+        losses = [sums[owner == k].sum() / counts[owner == k].sum() for k in range(len(active))]
+        done, failed = [], []  # jobs leaving the group after this step; those that stopped before it
+        for k, (j, loss) in enumerate(zip(active, losses)):
+            f = facts[j]
+            f["steps"], f["final_loss"] = step, loss.item()
+            if f["first_loss"] is None:
+                f["first_loss"] = f["final_loss"]
+            if not torch.isfinite(loss):  # stops before this step, as finetune does
+                f["nonfinite"] = step
+                group.write(k, tuned[j].module)
+                failed.append(k)
+        finite = [loss for k, loss in enumerate(losses) if k not in failed]
+        if finite:
+            opt.zero_grad(set_to_none=True)
+            torch.stack(finite).sum().backward()  # each job's gradient lands in its own slice
+            opt.step()
+        if step % config.check_every == 0 or step == config.max_steps:
+            for k, j in enumerate(active):
+                if k in failed:
+                    continue
+                group.write(k, tuned[j].module)
+                t = tuned[j].eval()
+                pred = t.logprobs(list(specs[j].prompts), list(specs[j].label_set)).argmax(-1)
+                gold = golds[j]
+                facts[j]["train_accuracy"] = (pred == gold).float().mean().item()
+                facts[j]["train_kappa"] = kappa(gold.tolist(), pred.tolist())
+                if facts[j]["train_accuracy"] == 1.0 or step == config.max_steps:
+                    done.append(k)
+        for k in done:
+            group.write(k, tuned[active[k]].module)
+        if done or failed:
+            keep = [k for k in range(len(active)) if k not in done and k not in failed]
+            if not keep:
+                break
+            opt = group.keep(keep, opt)
+            active = [active[k] for k in keep]
+    out = []
+    for j, t in enumerate(tuned):
+        f = facts[j]
+        t.eval()
+        out.append(
+            (
+                t,
+                {
+                    "steps": f["steps"],
+                    "train_accuracy": f["train_accuracy"],
+                    "train_kappa": f["train_kappa"],
+                    "first_loss": f["first_loss"],
+                    "final_loss": f["final_loss"],
+                    "nonfinite_loss_step": f["nonfinite"],
+                    "lr": lr,
+                    "trainable_params": sum(p.numel() for p in t.trainable_parameters()),
+                },
+            )
+        )
+    return out
+
+
+def _group_batch(parts: Sequence[tuple[Batch, torch.Tensor]], pad_id: int) -> tuple[Batch, torch.Tensor, torch.Tensor]:
+    """Jobs' (right-padded) batches as one job-major batch of equal blocks: columns padded to the
+    longest row, blocks filled to the largest with copies of their first row that have no
+    targets. Also each row's job (its index in ``parts``)."""
+    rows = max(len(b.input_ids) for b, _ in parts)
+    width = max(b.input_ids.shape[1] for b, _ in parts)
+    ids, mask, ys = [], [], []
+    for b, y in parts:
+        n, w = b.input_ids.shape
+        fill = rows - n
+        ids.append(
+            torch.nn.functional.pad(
+                torch.cat([b.input_ids, b.input_ids[:1].expand(fill, w)]), (0, width - w), value=pad_id
+            )
+        )
+        mask.append(
+            torch.nn.functional.pad(torch.cat([b.attention_mask, b.attention_mask[:1].expand(fill, w)]), (0, width - w))
+        )
+        y = torch.cat([y, torch.full((fill, w), -100, dtype=y.dtype)])
+        ys.append(torch.nn.functional.pad(y, (0, width - w), value=-100))
+    mask = torch.cat(mask)
+    batch = Batch(torch.cat(ids), mask, (mask.cumsum(-1) - 1).clamp(min=0), torch.zeros(len(mask), dtype=torch.long))
+    owner = torch.arange(len(parts)).repeat_interleave(rows)
+    return batch, torch.cat(ys), owner

@@ -31,7 +31,8 @@ class InterventionConfig:
     of the median distance between class means; ``n_boot``: bootstrap resamples of each CI;
     ``bottleneck``: add the bottleneck arms (the same erasers at the input embeddings,
     :mod:`.arms`); ``all_tokens``: add the all-token arms (erasers at every subject token of every
-    site a later token reads, :mod:`.arms`)."""
+    site a later token reads, :mod:`.arms`); ``layer``: the arms at the most readable layer (the
+    layer and its erasers are still found: steering acts there, recall is measured with them)."""
 
     method: str = "full"
     n_random: int = 3
@@ -41,6 +42,7 @@ class InterventionConfig:
     seed: int = 0
     bottleneck: bool = True
     all_tokens: bool = True
+    layer: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,7 +122,8 @@ class Interventions:
         seed = relation_seed(c.seed, r.name)
         s = arms.setup(self.model, r, labels, sc, c)
         records, tuned_none = {}, None
-        for arm in ["none", *s.erasers]:
+        arms_run = [a for a in s.erasers if c.layer or a.startswith((arms.BOTTLENECK, arms.ALL_TOKENS))]
+        for arm in ["none", *arms_run]:
             inputs = ArmInputs(self.model, r, labels, sc, c, arm, s.layer, s)
             result = runner.run(Task(ARM, inputs, arm_path(r.name, arm)))
             records[arm] = result.record

@@ -117,12 +117,12 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "n_relations": int(len(table)),
         "config": config.to_dict(),
         "mean": {c: float(table[c].mean()) if c in table else float("nan") for c in means},
-        "excess_drop": across_relations(table.excess_drop, config.n_boot, config.seed),
-        "excess_drop_shuffled": across_relations(table.excess_drop_shuffled, config.n_boot, config.seed),
         "switch_excess": across_relations(table.switch_excess, config.n_boot, config.seed),
         **{
             k: across_relations(table[k], config.n_boot, config.seed)
             for k in (
+                "excess_drop",
+                "excess_drop_shuffled",
                 "bottleneck_excess_drop",
                 "bottleneck_excess_drop_shuffled",
                 "alltoken_excess_drop",
@@ -138,20 +138,18 @@ def relations_summary(table: pd.DataFrame, config, model: str, template: str) ->
         "relations_with_other_relation_control": int(table.other_relation.notna().sum())
         if "other_relation" in table
         else 0,
-        "relations_excess_drop_ci_above_0": int((table.excess_drop_ci_low > 0).sum()),
         **{
             f"relations_{p}excess_drop_ci_above_0": int((table[f"{p}excess_drop_ci_low"] > 0).sum())
             if f"{p}excess_drop_ci_low" in table
             else 0
-            for p in ("bottleneck_", "alltoken_")
+            for p in ("", "bottleneck_", "alltoken_")
         },
         "relations_switch_excess_ci_above_0": int((table.switch_excess_ci_low > 0).sum()),
-        "excess_drop_vs_readability": corr("excess_drop"),
         **{
             f"{p}excess_drop_vs_readability": corr(f"{p}excess_drop")
             if f"{p}excess_drop" in table
             else {"r": float("nan"), "n": 0}
-            for p in ("bottleneck_", "alltoken_")
+            for p in ("", "bottleneck_", "alltoken_")
         },
         "switch_excess_vs_readability": corr("switch_excess"),
     }
@@ -186,6 +184,8 @@ def figures(out: Path) -> dict[str, go.Figure]:
         ("excess_drop", "excess drop (random - LEACE)"),
         ("switch_excess", "switch rate excess over random"),
     ):
+        if y not in t:
+            continue
         c = s[f"{y}_vs_readability"]
         sub = (
             f"<br><sup>Pearson r = {c['r']:.2f} "
@@ -244,31 +244,14 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}</style></head><b
 def section(out: str | Path) -> str:
     """The findings in one paragraph, from the saved tables."""
     s = json.loads((Path(out) / "interventions.json").read_text())
-    m, e, w = s["mean"], s["excess_drop_vs_readability"], s["switch_excess_vs_readability"]
+    m, w = s["mean"], s["switch_excess_vs_readability"]
     nan2 = [np.nan] * 2
     ci = lambda c: f"[{c.get('ci', nan2)[0]:.3f}, {c.get('ci', nan2)[1]:.3f}]"  # noqa: E731
-    ed, es, sw = s["excess_drop"], s["excess_drop_shuffled"], s["switch_excess"]
+    sw = s["switch_excess"]
     return (
         f"{s['model']}, {s['n_relations']} relations ({s['config']['method']} fine-tuning, "
-        f"{s['config']['n_random']} random "
-        f"draws per control). Erasing the original answer (LEACE at the most readable layer before the last, at the "
-        "subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa "
-        f"{m['probe_before_kappa']:.3f} "
-        f"to {m['probe_after_kappa']:.3f} on those subjects ({m['transfer_after_kappa']:.3f} transferred to held-out "
-        f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} "
-        "in the fine-tuned model, whose "
-        f"earlier blocks moved); it moves the states by {m['moved_leace']:.4f} of their variance, LEACE of shuffled "
-        f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. "
-        "Held-out "
-        f"generalization kappa: {m['generalization_none']:.3f} without erasure, "
-        f"{m['generalization_random']:.3f} with a random "
-        f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, "
-        f"{m['generalization_leace']:.3f} "
-        f"with the answer erased. Excess drop over the random control, mean over relations {ed['mean']:.3f} "
-        f"(95% CI {ci(ed)}, sign-flip p = {ed.get('p_sign_flip', np.nan):.2g}; its per-relation CI excludes 0 in "
-        f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
-        f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
-        f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. "
+        f"{s['config']['n_random']} random draws per control). "
+        + _layer_sentences(s, ci)
         + _bottleneck_sentences(s, ci)
         + _alltoken_sentences(s, ci)
         + "Steering held-out subjects from answer "
@@ -292,6 +275,34 @@ def section(out: str | Path) -> str:
     )
 
 
+def _layer_sentences(s: dict, ci) -> str:
+    """The arms at the most readable layer, where the run has them."""
+    m, ed = s["mean"], s.get("excess_drop")
+    if ed is None:
+        return f"Held-out generalization kappa without erasure: {m['generalization_none']:.3f}. "
+    e, es = s["excess_drop_vs_readability"], s["excess_drop_shuffled"]
+    return (
+        "Erasing the original answer (LEACE at the most readable layer before the last, at the "
+        "subject's last token, fitted on the fine-tuning subjects) takes the probe from kappa "
+        f"{m['probe_before_kappa']:.3f} "
+        f"to {m['probe_after_kappa']:.3f} on those subjects ({m['transfer_after_kappa']:.3f} transferred to held-out "
+        f"subjects, from {m['transfer_before_kappa']:.3f}; {m['probe_after_tuned_kappa']:.3f} "
+        "in the fine-tuned model, whose "
+        f"earlier blocks moved); it moves the states by {m['moved_leace']:.4f} of their variance, LEACE of shuffled "
+        f"answers by {m['moved_shuffled']:.4f}, a random subspace of the same rank by {m['moved_random']:.4f}. "
+        "Held-out "
+        f"generalization kappa: {m['generalization_none']:.3f} without erasure, "
+        f"{m['generalization_random']:.3f} with a random "
+        f"subspace erased, {m['generalization_shuffled']:.3f} with shuffled answers erased, "
+        f"{m['generalization_leace']:.3f} "
+        f"with the answer erased. Excess drop over the random control, mean over relations {ed['mean']:.3f} "
+        f"(95% CI {ci(ed)}, sign-flip p = {ed.get('p_sign_flip', np.nan):.2g}; its per-relation CI excludes 0 in "
+        f"{s['relations_excess_drop_ci_above_0']} relations); over the shuffled control {es['mean']:.3f} "
+        f"(CI {ci(es)}, p = {es.get('p_sign_flip', np.nan):.2g}). Across relations, excess drop vs readability: "
+        f"r = {e['r']:.2f} {ci(e)}, permutation p = {e.get('p_value', np.nan):.2g}. "
+    )
+
+
 def _bottleneck_sentences(s: dict, ci) -> str:
     """The bottleneck arms and recall after erasure, where the run has them."""
     m, b = s["mean"], s.get("bottleneck_excess_drop")
@@ -299,7 +310,8 @@ def _bottleneck_sentences(s: dict, ci) -> str:
     if np.isfinite(m.get("recall_none", np.nan)):
         out += (
             f"Recall of the original relation on held-out subjects (pretrained model, argmax among its answers): "
-            f"{m['recall_none']:.3f} without erasure, {m['recall_leace']:.3f} with the answer erased at the layer, "
+            f"{m['recall_none']:.3f} without erasure, {m['recall_leace']:.3f} with the answer erased at the layer "
+            "(the layer arm's eraser, whether or not its fine-tunes ran), "
             f"{m['recall_shuffled']:.3f} shuffled, {m['recall_random']:.3f} random. "
         )
     if b is None:
