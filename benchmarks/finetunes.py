@@ -11,6 +11,14 @@ training step each, side by side on the same shapes (the study's: a batch of 32 
    backward, AdamW on the stacked tensors (elementwise, so each job's slice is updated exactly as
    its own optimizer would).
 
+``--stage`` measures what a user waits for instead: the study's own fine-tuning stage (the first
+``--stage-jobs`` jobs of ``interp study``'s design, full and LoRA, with their checks, early
+stopping and held-out evaluation), run by ``run_study`` on each executor from the same finished
+earlier stages: ``serial`` (all threads), ``processes`` (two one-thread processes), ``grouped``
+(fine-tunes trained as groups, :mod:`interp.grouped`, all threads) and ``grouped+processes`` (two
+one-thread processes, each training a group). It prints the wall time, each executor's speed-up
+over serial, and how many held-out predictions differ from the serial run's.
+
 It prints milliseconds per job-step, each way's speed-up over serial, and the arithmetic rate
 the serial step reaches (6 x trainable-path parameters x tokens per second: forward plus
 backward), which says whether the step is bound by per-operation overhead (batching helps) or
@@ -19,11 +27,13 @@ default) and MiniLM (6 layers, d_model 384, BERT; its loss read out at the last 
 the input embeddings, as the study's masked slot does).
 
     python benchmarks/finetunes.py [--jobs 8] [--steps 10] [--models world,minilm]
+    python benchmarks/finetunes.py --stage [--stage-jobs 16] [--models world,minilm]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -171,12 +181,74 @@ def flops_per_step(name: str) -> float:
     return 6 * trainable * batch * tokens
 
 
+def stage(name: str, jobs: int) -> None:
+    """The study's fine-tuning stage on every executor (module docstring)."""
+    import math
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import pandas as pd
+
+    import interp
+    from lab.executors import GroupedExecutor, ProcessExecutor, SerialExecutor
+    from lab.study import run_study
+    from lab.study.finetune import group_refusal
+    from lab.study.run import default_config
+
+    threads = os.cpu_count() or 1
+    model = "world" if name == "world" else "minilm"
+    config = default_config(model)
+    root = Path(tempfile.mkdtemp(prefix="finetune-stage-"))
+    run_study(model, out=root / "base", config=config, progress=False, max_jobs=0)  # readability, baselines, ...
+    executors = {
+        "serial": SerialExecutor(threads=threads),
+        "processes": ProcessExecutor(2),
+        "grouped": GroupedExecutor(size=jobs, inner=SerialExecutor(threads=threads)),
+        "grouped+processes": GroupedExecutor(size=math.ceil(jobs / 2), inner=ProcessExecutor(2)),
+    }
+    refused = group_refusal(interp.load_model(model), "full", config.finetune.for_model(interp.load_model(model)))
+    times, preds = {}, {}
+    for label, ex in executors.items():
+        if refused and label.startswith("grouped"):
+            continue
+        out = root / label
+        shutil.copytree(root / "base", out)
+        start = time.perf_counter()
+        run_study(model, out=out, config=config, progress=False, max_jobs=jobs, executor=ex)
+        times[label] = time.perf_counter() - start
+        runs = sorted((out / "runs").glob("*.json"))
+        preds[label] = [p["predicted_label"] for f in runs for p in json.loads(f.read_text())["predictions"]]
+    print(f"\n{name}: the study's first {jobs} fine-tunes ({threads} cores; seconds, lower is faster)")
+    rows = []
+    for label, t in times.items():
+        same = pd.Series(preds[label]) == pd.Series(preds["serial"])
+        rows.append(
+            {
+                "executor": label,
+                "seconds": round(t, 1),
+                "speed-up": f"{times['serial'] / t:.2f}x",
+                "predictions differing from serial": f"{int((~same).sum())} of {len(same)}",
+            }
+        )
+    print(pd.DataFrame(rows).to_string(index=False))
+    if refused:
+        print(f"grouped: refused ({refused.split(';')[0]})")
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--models", default="world,minilm")
+    ap.add_argument("--stage", action="store_true", help="time the study's fine-tuning stage on each executor")
+    ap.add_argument("--stage-jobs", type=int, default=16)
     args = ap.parse_args()
+    if args.stage:
+        for name in args.models.split(","):
+            stage(name, args.stage_jobs)
+        return
     threads = os.cpu_count() or 1
     print(f"{args.jobs} fine-tunes x {args.steps} steps, {threads} cores; ms per job-step (lower is faster)\n")
     head = ("serial", 9), ("processes", 10), ("batched", 9), ("proc/ser", 9), ("batch/ser", 10), ("GFLOP/s", 8)

@@ -54,6 +54,13 @@ class GroupedLeaf(nn.Module):
     def groups(self) -> int:
         return self.stacked[0].shape[0]
 
+    def __getattr__(self, name: str):
+        """Anything else is the leaf's (code around a layer reads e.g. its ``weight.dtype``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["leaf"], name)
+
     def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
         g = self.groups
         if x.shape[0] % g:

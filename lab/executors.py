@@ -7,6 +7,11 @@ finishes. An executor only decides *where* they run:
 - :class:`SerialExecutor` (the default): one after another in this process;
 - :class:`ProcessExecutor`: in ``workers`` local processes (spawned), one torch thread each by
   default;
+- :class:`GroupedExecutor`: jobs of a stage that can train together (:attr:`lab.stages.Stage.group`:
+  the study's fine-tunes, :func:`lab.study.finetune.finetune_group`) in groups of up to ``size``,
+  each group one job of an inner executor (serial by default; ``"processes"`` or ``"ray"`` run
+  several groups at once). A stage without a group function runs its jobs one by one on the inner
+  executor;
 - :class:`RayExecutor`: as Ray tasks on a Ray cluster (``ray.init()`` locally, or
   ``address="auto"`` / ``"ray://head:10001"`` for an existing cluster), one GPU per task when the
   cluster has GPUs. Install with ``pip install -e ".[ray]"``.
@@ -268,15 +273,52 @@ def _gather(finished, n: int, get, on_result, labels, bar) -> list:
     return results
 
 
+class GroupedExecutor(Executor):
+    """Jobs in groups of up to ``size`` (module docstring); ``inner``: where each group runs
+    (an executor or its name). Its own :meth:`map` runs items one by one on ``inner``: grouping is
+    done by the stage runner (:meth:`lab.stages.Runner.map`), which knows the stage's group
+    function."""
+
+    name = "grouped"
+
+    def __init__(self, size: int = 16, inner: Executor | str | None = None):
+        if size < 1:
+            raise ValueError(f"a group holds at least one job; got size={size}")
+        self.size = size
+        self.inner = executor_for(inner)
+        self.threads, self.before = self.inner.threads, self.inner.before
+
+    @property
+    def progress(self):
+        return getattr(self.inner, "progress", None)
+
+    @progress.setter
+    def progress(self, value):
+        if hasattr(self.inner, "progress"):
+            self.inner.progress = value
+
+    def map(self, fn, items, on_result=None, labels=None, desc="jobs"):
+        return self.inner.map(fn, items, on_result, labels, desc)
+
+    def chunks(self, n: int) -> list[range]:
+        """``n`` jobs cut into groups of at most :attr:`size`, as equal as possible."""
+        k = -(-n // self.size)
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 def executor_for(spec) -> Executor:
     """An executor from ``None``/``"serial"``, ``"processes"`` (two local processes, one thread
-    each), ``"ray"`` or an Executor."""
+    each), ``"grouped"`` (fine-tunes trained in groups, :class:`GroupedExecutor`), ``"ray"`` or an
+    Executor."""
     if spec is None or spec == "serial":
         return SerialExecutor()
     if spec == "processes":
         return ProcessExecutor()
+    if spec == "grouped":
+        return GroupedExecutor()
     if spec == "ray":
         return RayExecutor()
     if isinstance(spec, Executor):
         return spec
-    raise ValueError(f"unknown executor {spec!r}; use 'serial', 'processes', 'ray' or an Executor instance")
+    raise ValueError(f"unknown executor {spec!r}; use 'serial', 'processes', 'grouped', 'ray' or an Executor instance")

@@ -52,7 +52,7 @@ import pandas as pd
 
 from interp.results import atomic_path, write_json, write_table
 
-from .executors import Executor, SerialExecutor, executor_for
+from .executors import Executor, GroupedExecutor, SerialExecutor, executor_for
 
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
@@ -130,11 +130,14 @@ def _as_list(v):
 @dataclass(frozen=True)
 class Stage(Generic[I, R]):
     """A named step: ``fn(inputs) -> result``, saved with ``codec``. ``fn`` must be a module-level
-    function (a worker imports it) that depends on nothing but its inputs."""
+    function (a worker imports it) that depends on nothing but its inputs. ``group`` (optional,
+    module-level too): ``group([inputs, ...]) -> [result, ...]``, the same results for many inputs
+    computed together (the :class:`~lab.executors.GroupedExecutor` uses it)."""
 
     name: str
     fn: Callable[[I], R]
     codec: Codec = JSON
+    group: Callable[[list[I]], list[R]] | None = None
 
 
 @dataclass(frozen=True)
@@ -272,7 +275,10 @@ class Runner:
             todo = todo[:limit]
         if todo:
             ex = executor_for(executor)
-            if isinstance(ex, SerialExecutor):
+            grouped = isinstance(ex, GroupedExecutor) and tasks[todo[0]].stage.group is not None
+            if isinstance(ex, GroupedExecutor):
+                ex = ex if grouped else ex.inner
+            if isinstance(ex, SerialExecutor) or (grouped and isinstance(ex.inner, SerialExecutor)):
                 if ex.progress is None:
                     ex.progress = self.progress
             else:  # a worker receives the task: say now, not from inside the executor, if it cannot travel
@@ -280,12 +286,21 @@ class Runner:
                     pickle.dumps(tasks[todo[0]])
                 except (TypeError, AttributeError, pickle.PicklingError) as err:
                     raise ValueError(f"{labels[todo[0]]} cannot run on the {ex.name} executor: {err}") from err
-            ex.map(
-                _compute_item,
-                [(tasks[i], self.folder) for i in todo],
-                labels=[labels[i] for i in todo],
-                desc=desc,
-            )
+            if grouped:  # each group one job of the inner executor
+                parts = [[todo[i] for i in c] for c in ex.chunks(len(todo))]
+                ex.inner.map(
+                    _compute_group,
+                    [([tasks[i] for i in part], self.folder) for part in parts],
+                    labels=[f"{labels[part[0]]} .. ({len(part)} jobs)" for part in parts],
+                    desc=f"{desc} (groups)",
+                )
+            else:
+                ex.map(
+                    _compute_item,
+                    [(tasks[i], self.folder) for i in todo],
+                    labels=[labels[i] for i in todo],
+                    desc=desc,
+                )
         return [self.load(t) if (self.folder / t.path).exists() else None for t in tasks]
 
     def _key_path(self, task: Task) -> Path:
@@ -308,6 +323,36 @@ def compute(task: Task[Any, R], folder: Path) -> R:
         key_path.unlink(missing_ok=True)
         raise
     return result
+
+
+def compute_group(tasks: Sequence[Task], folder: Path) -> list:
+    """:func:`compute` of tasks of one stage at once, through the stage's group function: every
+    key saved first, then every result (a failure removes the keys of the results not saved)."""
+    stage = tasks[0].stage
+    if any(t.stage is not stage for t in tasks):
+        raise ValueError("a group's tasks must all be of one stage")
+    keys = []
+    for t in tasks:
+        (Path(folder) / t.path).parent.mkdir(parents=True, exist_ok=True)
+        key_path = Path(folder) / ".stages" / f"{t.path}.key.json"
+        key_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(_key(t), key_path)
+        keys.append(key_path)
+    saved = 0
+    try:
+        results = stage.group([t.inputs for t in tasks])
+        for t, result in zip(tasks, results, strict=True):
+            stage.codec.write(result, Path(folder) / t.path)
+            saved += 1
+    except BaseException:
+        for key_path in keys[saved:]:
+            key_path.unlink(missing_ok=True)
+        raise
+    return results
+
+
+def _compute_group(item: tuple[Sequence[Task], Path]) -> None:
+    compute_group(*item)
 
 
 def _compute_item(item: tuple[Task, Path]) -> None:

@@ -176,6 +176,31 @@ def group_refusal(model: Model, method: str, config: FinetuneConfig) -> str | No
     return None
 
 
+#: the most fine-tunes one group trains (beyond it a CPU gains nothing, measured: benchmarks/finetunes.py)
+MAX_GROUP = 16
+
+
+def group_size(model: Model, method: str, config: FinetuneConfig, n_jobs: int, tokens: int = 32) -> int:
+    """How many fine-tunes of ``model`` one group trains: at most :data:`MAX_GROUP` and ``n_jobs``,
+    and as many as fit in half the memory free on the model's device, each job counted as its own
+    copy of the model, four copies of its trainable parameters (stacked values, gradient, AdamW's
+    two moments) and one training forward pass (``batch_size`` rows of ``tokens`` tokens) kept for
+    the backward."""
+    from interp.memory import available_bytes, element_bytes, forward_bytes
+
+    params = sum(p.numel() for p in model.module.parameters())
+    if method == "full":
+        trainable = params - sum(
+            m.weight.numel() for m in model.module.modules() if isinstance(m, torch.nn.Embedding)
+        ) * int(config.freeze_embeddings)
+    else:  # LoRA: r x (d_in + d_out) per adapted matrix, at most one per parameter matrix
+        trainable = config.lora_r * 2 * model.d_model * 4 * model.n_layers * 4
+    per_job = (params + 4 * trainable) * element_bytes(model) + forward_bytes(model, config.batch_size, tokens, True)
+    free = available_bytes(model.device)
+    fit = MAX_GROUP if free is None else max(1, free // 2 // per_job)
+    return int(max(1, min(MAX_GROUP, n_jobs, fit)))
+
+
 def finetune_group(
     model: Model, specs: Sequence[FinetuneSpec], method: str, config: FinetuneConfig
 ) -> list[tuple[Model, dict]]:

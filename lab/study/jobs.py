@@ -31,7 +31,7 @@ from lab.stages import DERIVED, Stage
 from probes.chance import chance_levels, expected_agreement, kappa
 
 from .config import StudyConfig, design_for
-from .finetune import finetune
+from .finetune import FinetuneSpec, finetune, finetune_group, group_size
 
 
 @dataclass(frozen=True)
@@ -65,22 +65,61 @@ class FinetuneInputs:
 
 def run_finetune_job(j: FinetuneInputs) -> dict:
     """Design, fine-tune, evaluate and back-map one job (see the module docstring)."""
-    job, r, config = j.job, j.relation, j.config
-    base = {**asdict(job), "job": job.id}
+    design = _design(j)
+    if isinstance(design, dict):
+        return design
+    tuned, info = finetune(
+        j.model, *_training_set(j, design), design.labels, j.job.method, j.config.finetune, seed=j.job.finetune_seed
+    )
+    return _evaluate(j, design, tuned, info)
+
+
+def run_finetune_group(items: list[FinetuneInputs]) -> list[dict]:
+    """:func:`run_finetune_job` of every item, the fine-tunes of each method trained as groups
+    (:func:`lab.study.finetune.finetune_group`, sized to memory); the same results up to float
+    rounding."""
+    designs = [_design(j) for j in items]
+    out: list[dict | None] = [d if isinstance(d, dict) else None for d in designs]
+    todo = [i for i, d in enumerate(designs) if not isinstance(d, dict)]
+    for method in dict.fromkeys(items[i].job.method for i in todo):
+        idx = [i for i in todo if items[i].job.method == method]
+        first = items[idx[0]]
+        size = group_size(first.model, method, first.config.finetune, len(idx))
+        for start in range(0, len(idx), size):
+            part = idx[start : start + size]
+            specs = [
+                FinetuneSpec(*_training_set(items[i], designs[i]), designs[i].labels, items[i].job.finetune_seed)
+                for i in part
+            ]
+            for i, (tuned, info) in zip(part, finetune_group(first.model, specs, method, first.config.finetune)):
+                out[i] = _evaluate(items[i], designs[i], tuned, info)
+    return out
+
+
+def _design(j: FinetuneInputs):
+    """The job's design, or its ``skipped`` result (too few labels in a robustness category)."""
+    job, config = j.job, j.config
     try:
-        design = design_for(r, j.labels, config, job.category, job.label_seed)
+        return design_for(j.relation, j.labels, config, job.category, job.label_seed)
     except RelationError as err:
         if job.category == config.category:
             raise
-        return {**base, "status": "skipped", "reason": str(err)}  # documented: too few labels in a robustness category
+        return {**asdict(job), "job": job.id, "status": "skipped", "reason": str(err)}
+
+
+def _training_set(j: FinetuneInputs, design) -> tuple[list[str], list[str]]:
+    r, tmpl = j.relation, j.config.finetune.template
+    return [tmpl.format(r.subjects[i]) for i in design.finetune], [
+        design.mapping[r.answers[i]] for i in design.finetune
+    ]
+
+
+def _evaluate(j: FinetuneInputs, design, tuned, info: dict) -> dict:
+    """Score the held-out subjects with the fine-tuned model and back-map its errors."""
+    job, r, config = j.job, j.relation, j.config
+    base = {**asdict(job), "job": job.id}
     label_set = design.labels
-    tmpl = config.finetune.template
-    ft_prompts = [tmpl.format(r.subjects[i]) for i in design.finetune]
-    ft_labels = [design.mapping[r.answers[i]] for i in design.finetune]
-    tuned, info = finetune(
-        j.model, ft_prompts, ft_labels, label_set, job.method, config.finetune, seed=job.finetune_seed
-    )
-    ho_prompts = [tmpl.format(r.subjects[i]) for i in design.heldout]
+    ho_prompts = [config.finetune.template.format(r.subjects[i]) for i in design.heldout]
     scores = tuned.logprobs(ho_prompts, label_set)
     pred = [label_set[i] for i in scores.argmax(-1).tolist()]
     del tuned
@@ -133,7 +172,7 @@ def run_finetune_job(j: FinetuneInputs) -> dict:
     }
 
 
-FINETUNE = Stage("fine-tune", run_finetune_job)
+FINETUNE = Stage("fine-tune", run_finetune_job, group=run_finetune_group)
 
 
 def shuffled_backmap_rates(lists: list, n_shuffles: int = 100, seed: int = 0) -> dict:
