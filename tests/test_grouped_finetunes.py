@@ -172,13 +172,13 @@ def test_group_size_is_bounded_by_jobs_and_memory(monkeypatch):
 def test_a_study_on_the_grouped_executor_equals_serial(tmp_path):
     """Full and LoRA fine-tunes in groups: predictions identical, losses within 1e-4, every
     statistic within 0.005 of the serial study (the issue's tolerances)."""
-    from lab.executors import GroupedExecutor, SerialExecutor
-    from lab.study import run_study
-
     from dataclasses import replace
 
     from test_distributed import RELATIONS as names
     from test_distributed import _config
+
+    from lab.executors import GroupedExecutor, SerialExecutor
+    from lab.study import run_study
 
     config = replace(_config(), methods=("full", "lora"))  # the executor tests' small study, LoRA too
     tables = {}
