@@ -134,7 +134,9 @@ def study(
     executor: str = typer.Option(
         "serial",
         help="serial; processes (2 local processes, 1 thread each: 1.6x the fine-tune steps of the world model "
-        "on 2 cores, benchmarks/finetunes.py); or ray (a local Ray cluster, or RAY_ADDRESS's)",
+        "on 2 cores, benchmarks/finetunes.py); grouped (fine-tunes trained in groups of up to 16, one forward "
+        "pass per step for the group: for GPUs; models without dropout); or ray (a local Ray cluster, or "
+        "RAY_ADDRESS's)",
     ),
 ):
     """Run (or resume) the generalization study; writes tables, figures and report.html."""
@@ -218,6 +220,9 @@ def study_findings(
     ),
     interventions: Path | None = typer.Option(None, help="a finished `interp study interventions` folder (optional)"),
     compare: Path | None = typer.Option(None, help="an `interp study compare` folder (optional)"),
+    interventions_real: Path | None = typer.Option(
+        None, help="a finished `interp study interventions --model minilm` folder (optional)"
+    ),
     out: Path = typer.Option(Path("docs/study.md"), help="the Markdown page to write"),
 ):
     """Write the findings page (Markdown) from saved study, causal-test, world, ablation, interventions and real-model
@@ -232,6 +237,7 @@ def study_findings(
         interventions=interventions,
         randomized=randomized,
         compare=compare,
+        interventions_real=interventions_real,
     )
     typer.echo(f"wrote {page}")
 

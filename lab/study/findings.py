@@ -309,17 +309,24 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
     return "\n".join(out) + "\n" + section.replace("## The generalization study:", "### The generalization study:", 1)
 
 
-def interventions_section(folder: Path, figures_to: Path | None = None) -> str:
-    """Erasure and steering (``interp study interventions``), from its saved tables."""
+def interventions_section(folder: Path, figures_to: Path | None = None, real: bool = False) -> str:
+    """Erasure and steering (``interp study interventions``), from its saved tables (``real``: the
+    run on the pretrained model, a subsection of its own with its own figures)."""
     t = pd.read_csv(folder / "interventions.csv")
-    out = ["## Interventions: erase or steer the readable direction", "", interventions_summary(folder), ""]
+    title = (
+        "### Interventions on the pretrained encoder"
+        if real
+        else "## Interventions: erase or steer the readable direction"
+    )
+    tag = "interventions_real" if real else "interventions"
+    out = [title, "", interventions_summary(folder), ""]
     if figures_to is not None:
         for name in ("erasure", "excess_drop"):
             src = folder / "figures" / f"interventions_{name}.png"
             if src.exists():
                 figures_to.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, figures_to / f"interventions_{name}.png")
-                out += [f"![{name}](interventions_{name}.png)", ""]
+                shutil.copyfile(src, figures_to / f"{tag}_{name}.png")
+                out += [f"![{name}]({tag}_{name}.png)", ""]
     cols = [
         "relation",
         "layer",
@@ -636,12 +643,14 @@ def write_findings(
     interventions: str | Path | None = None,
     randomized: str | Path | None = None,
     compare: str | Path | None = None,
+    interventions_real: str | Path | None = None,
 ) -> Path:
     """Write the findings page from saved results (and copy the headline figures beside it):
     the study, and optionally the causal test, the world model's report table, the ablation and a
     study on a pretrained model (``real``: e.g. ``interp study --model minilm``'s folder), and the
-    interventions (``interventions``: ``interp study interventions``' folder), and the study across
-    models (``compare``: ``interp study compare``'s folder)."""
+    interventions (``interventions``: ``interp study interventions``' folder; ``interventions_real``:
+    its run on the pretrained model), and the study across models (``compare``: ``interp study
+    compare``'s folder)."""
     study, out = Path(study), Path(out)
     parts = [
         "# Findings: the generalization study",
@@ -663,6 +672,8 @@ def write_findings(
         parts.append(interventions_section(Path(interventions), out.parent))
     if real is not None and (Path(real) / "qualification.csv").exists():
         parts.append(real_model_section(Path(real), out.parent))
+    if interventions_real is not None and (Path(interventions_real) / "interventions.csv").exists():
+        parts.append(interventions_section(Path(interventions_real), out.parent, real=True))
     if compare is not None and (Path(compare) / "compare.csv").exists():
         parts.append(compare_section(Path(compare), out.parent))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,9 @@ def run_study(
     ``qualification.csv`` says why each was kept or left out. Its labels are common English words
     (:data:`lab.study.labels.REAL_LABELS`) and its configuration :func:`real_model_config` unless
     ``config`` is given. ``overrides``: StudyConfig fields.
-    ``executor``: where the fine-tunes run (``"serial"``, ``"ray"`` or an
-    :class:`~lab.executors.Executor`); results are identical either way.
+    ``executor``: where the fine-tunes run (``"serial"``, ``"processes"``, ``"grouped"``, ``"ray"``
+    or an :class:`~lab.executors.Executor`); results are identical at equal thread counts, and
+    within float rounding for ``"grouped"`` (:func:`lab.study.finetune.finetune_group`).
     """
     config = config or default_config(model)
     if overrides:
