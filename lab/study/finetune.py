@@ -163,6 +163,11 @@ class FinetuneSpec:
 
 def group_refusal(model: Model, method: str, config: FinetuneConfig) -> str | None:
     """Why fine-tunes of ``model`` cannot train as a group, or None."""
+    if model.backend_name != "nnsight":
+        return (
+            f"grouped fine-tunes run on the nnsight backend only: the {model.backend_name} backend reaches a layer "
+            "through more than one parent module, which a group does not rewire; run these fine-tunes one at a time"
+        )
     dropout = dropout_in(model.module)
     if dropout:
         shown = ", ".join(f"{k}={v}" for k, v in list(dropout.items())[:3])

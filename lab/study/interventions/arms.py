@@ -156,6 +156,8 @@ def fit_token_erasers(
             erasers: TokenErasers = {}
             for g in sorted(set(group.tolist())):
                 sel = group == g
+                if len({answers[i] for i in idx[sel].tolist()}) < 2:  # one answer among these tokens:
+                    continue  # nothing to erase; erasing_tokens gives them the last token's eraser
                 if arm in targets:
                     y = [targets[arm][i] for i in idx[sel].tolist()]
                     erasers[g] = fit_leace(x[sel], y)
