@@ -312,10 +312,7 @@ def compute(task: Task[Any, R], folder: Path) -> R:
     key comes first because some stages write their result themselves (a checkpoint folder); a
     failed step or write removes the key again."""
     path = Path(folder) / task.path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key_path = Path(folder) / ".stages" / f"{task.path}.key.json"
-    key_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(_key(task), key_path)
+    key_path = _write_key(task, folder)
     try:
         result = task.stage.fn(task.inputs)
         task.stage.codec.write(result, path)
@@ -325,19 +322,22 @@ def compute(task: Task[Any, R], folder: Path) -> R:
     return result
 
 
+def _write_key(task: Task, folder: Path) -> Path:
+    """Save ``task``'s key (and make its result's folder); the key's path."""
+    (Path(folder) / task.path).parent.mkdir(parents=True, exist_ok=True)
+    key_path = Path(folder) / ".stages" / f"{task.path}.key.json"
+    key_path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(_key(task), key_path)
+    return key_path
+
+
 def compute_group(tasks: Sequence[Task], folder: Path) -> list:
     """:func:`compute` of tasks of one stage at once, through the stage's group function: every
     key saved first, then every result (a failure removes the keys of the results not saved)."""
     stage = tasks[0].stage
     if any(t.stage is not stage for t in tasks):
         raise ValueError("a group's tasks must all be of one stage")
-    keys = []
-    for t in tasks:
-        (Path(folder) / t.path).parent.mkdir(parents=True, exist_ok=True)
-        key_path = Path(folder) / ".stages" / f"{t.path}.key.json"
-        key_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(_key(t), key_path)
-        keys.append(key_path)
+    keys = [_write_key(t, folder) for t in tasks]
     saved = 0
     try:
         results = stage.group([t.inputs for t in tasks])
