@@ -124,11 +124,15 @@ def _world_specs(names, seeds):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_a_group_of_world_fine_tunes_equals_the_one_at_a_time_ones(method):
-    """Three jobs (different relations, seeds; they stop at different steps, so the group shrinks
-    as it goes): the same steps and training accuracy, losses within 1e-4, held-out predictions
-    identical (the stated tolerance: 99.9%)."""
+    """Three jobs (different relations, seeds; the first has 12 fine-tuning subjects, learns them
+    in 10 steps and leaves while the others train on, so the group shrinks as it goes): the same
+    steps and training accuracy, losses within 1e-4, held-out predictions identical (the stated
+    tolerance: 99.9%)."""
+    from dataclasses import replace
+
     names = ["continent", "hand", "diet"]
     model, specs, heldout = _world_specs(names, [0, 1, 2])
+    specs[0] = replace(specs[0], prompts=specs[0].prompts[:12], labels=specs[0].labels[:12])
     config = FinetuneConfig(max_steps=90, check_every=10)
     grouped = finetune_group(model, specs, method, config)
     steps = set()

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
+from interp import memory
 from interp.grouped import Grouped, dropout_in
 from interp.models import Model
 from interp.tokens import Batch
@@ -191,8 +192,6 @@ def group_size(model: Model, method: str, config: FinetuneConfig, n_jobs: int, t
     copy of the model, four copies of its trainable parameters (stacked values, gradient, AdamW's
     two moments) and one training forward pass (``batch_size`` rows of ``tokens`` tokens) kept for
     the backward."""
-    from interp.memory import available_bytes, element_bytes, forward_bytes
-
     params = sum(p.numel() for p in model.module.parameters())
     if method == "full":
         trainable = params - sum(
@@ -200,8 +199,10 @@ def group_size(model: Model, method: str, config: FinetuneConfig, n_jobs: int, t
         ) * int(config.freeze_embeddings)
     else:  # LoRA: r x (d_in + d_out) per adapted matrix, at most one per parameter matrix
         trainable = config.lora_r * 2 * model.d_model * 4 * model.n_layers * 4
-    per_job = (params + 4 * trainable) * element_bytes(model) + forward_bytes(model, config.batch_size, tokens, True)
-    free = available_bytes(model.device)
+    per_job = (params + 4 * trainable) * memory.element_bytes(model) + memory.forward_bytes(
+        model, config.batch_size, tokens, True
+    )
+    free = memory.available_bytes(model.device)
     fit = MAX_GROUP if free is None else max(1, free // 2 // per_job)
     return int(max(1, min(MAX_GROUP, n_jobs, fit)))
 
