@@ -181,6 +181,20 @@ def flops_per_step(name: str) -> float:
     return 6 * trainable * batch * tokens
 
 
+def peak_gflops(threads: int, n: int = 1536, repeats: int = 10) -> float:
+    """This machine's fp32 matmul rate on one large square product (``threads`` threads): the
+    ceiling for any schedule of a step that is nothing but matmuls."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
 def stage(name: str, jobs: int) -> None:
     """The study's fine-tuning stage on every executor (module docstring)."""
     import math
@@ -250,18 +264,25 @@ def main() -> None:
             stage(name, args.stage_jobs)
         return
     threads = os.cpu_count() or 1
-    print(f"{args.jobs} fine-tunes x {args.steps} steps, {threads} cores; ms per job-step (lower is faster)\n")
+    peak = peak_gflops(threads)
+    print(f"{args.jobs} fine-tunes x {args.steps} steps, {threads} cores; ms per job-step (lower is faster)")
+    print(f"peak fp32 matmul on these cores: {peak:.1f} GFLOP/s\n")
     head = ("serial", 9), ("processes", 10), ("batched", 9), ("proc/ser", 9), ("batch/ser", 10), ("GFLOP/s", 8)
+    head += (("ceiling", 8),)
     print(f"{'model':8} " + " ".join(f"{h:>{w}}" for h, w in head))
     for name in args.models.split(","):
         s = serial_steps(name, args.jobs, args.steps, threads)
         p = process_steps(name, args.jobs, args.steps)
         b = batched_steps(name, args.jobs, args.steps, threads)
         rate = flops_per_step(name) / s / 1e9
-        print(f"{name:8} {s * 1e3:9.1f} {p * 1e3:10.1f} {b * 1e3:9.1f} {s / p:8.2f}x {s / b:9.2f}x {rate:8.1f}")
+        print(
+            f"{name:8} {s * 1e3:9.1f} {p * 1e3:10.1f} {b * 1e3:9.1f} {s / p:8.2f}x {s / b:9.2f}x {rate:8.1f}"
+            f" {peak / rate:7.2f}x"
+        )
     print(
-        "\nspeed-up > 1: faster than serial. GFLOP/s: the serial step's arithmetic rate; near the cores' "
-        "peak, a step is bound by arithmetic and batching jobs cannot make it faster."
+        "\nspeed-up > 1: faster than serial. GFLOP/s: the serial step's arithmetic rate (6 x trainable "
+        "parameters x tokens per second). ceiling: peak / that rate, the most any schedule of the same "
+        "arithmetic (batched, in processes, fused) could gain over serial on these cores."
     )
 
 

@@ -114,6 +114,13 @@ class Grouped:
         for c in copies:
             if trainable_leaves(c) != names:
                 raise ValueError("every copy in a group must train the same parameters as the template")
+        # every place a leaf hangs: a wrapper (TransformerLens' bridge) can reach one layer through
+        # more than one parent module, and each of them must call the grouped leaf
+        edges: dict[int, list[tuple[nn.Module, str]]] = {}
+        for parent in template.modules():
+            for attr, child in parent._modules.items():
+                if child is not None:
+                    edges.setdefault(id(child), []).append((parent, attr))
         self.leaves: dict[str, GroupedLeaf] = {}
         for name in names:
             leaf = template.get_submodule(name)
@@ -123,8 +130,8 @@ class Grouped:
                     "parameters of leaf modules"
                 )
             grouped = GroupedLeaf(leaf, [c.get_submodule(name) for c in copies])
-            parent, _, attr = name.rpartition(".")
-            setattr(template.get_submodule(parent) if parent else template, attr, grouped)
+            for parent, attr in edges[id(leaf)]:
+                setattr(parent, attr, grouped)
             self.leaves[name] = grouped
         if not self.leaves:
             raise ValueError("the model has no trainable parameters to group")

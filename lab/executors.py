@@ -301,8 +301,12 @@ class GroupedExecutor(Executor):
         return self.inner.map(fn, items, on_result, labels, desc)
 
     def chunks(self, n: int) -> list[range]:
-        """``n`` jobs cut into groups of at most :attr:`size`, as equal as possible."""
-        k = -(-n // self.size)
+        """``n`` jobs cut into groups of at most :attr:`size`, as equal as possible, and at least
+        as many groups as the inner executor runs at once (``workers``), so that none of its
+        workers idles while another trains every job."""
+        if n < 1:
+            return []
+        k = max(-(-n // self.size), min(n, getattr(self.inner, "workers", 1)))
         bounds = [round(i * n / k) for i in range(k + 1)]
         return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 

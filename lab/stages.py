@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from functools import partial
@@ -287,7 +288,11 @@ class Runner:
                 except (TypeError, AttributeError, pickle.PicklingError) as err:
                     raise ValueError(f"{labels[todo[0]]} cannot run on the {ex.name} executor: {err}") from err
             if grouped:  # each group one job of the inner executor
-                parts = [[todo[i] for i in c] for c in ex.chunks(len(todo))]
+                # groups cut from the whole task list, not from what is left to do, so that a
+                # resumed run trains the missing jobs in the groups a fresh run gives them
+                wanted = set(todo)
+                parts = [[i for i in c if i in wanted] for c in ex.chunks(len(tasks))]
+                parts = [part for part in parts if part]
                 ex.inner.map(
                     _compute_group,
                     [([tasks[i] for i in part], self.folder) for part in parts],
@@ -333,22 +338,66 @@ def _write_key(task: Task, folder: Path) -> Path:
 
 def compute_group(tasks: Sequence[Task], folder: Path) -> list:
     """:func:`compute` of tasks of one stage at once, through the stage's group function: every
-    key saved first, then every result (a failure removes the keys of the results not saved)."""
+    key saved first, then every result (a failure removes the keys of the results not saved). A
+    group that fails is not a failure of each of its jobs: its unsaved jobs are computed one at a
+    time (with a warning), and only those that fail alone too are reported
+    (:class:`GroupFailedError`), after the others are saved."""
     stage = tasks[0].stage
     if any(t.stage is not stage for t in tasks):
         raise ValueError("a group's tasks must all be of one stage")
     keys = [_write_key(t, folder) for t in tasks]
-    saved = 0
+    saved, results = 0, []
     try:
         results = stage.group([t.inputs for t in tasks])
         for t, result in zip(tasks, results, strict=True):
             stage.codec.write(result, Path(folder) / t.path)
             saved += 1
+    except Exception as err:
+        for key_path in keys[saved:]:
+            key_path.unlink(missing_ok=True)
+        if len(tasks) == 1:
+            raise
+        warnings.warn(
+            f"a group of {len(tasks)} {stage.name} jobs failed ({type(err).__name__}: {err}); "
+            f"computing its {len(tasks) - saved} unsaved jobs one at a time",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return _one_at_a_time(tasks[saved:], folder, list(results[:saved]))
     except BaseException:
         for key_path in keys[saved:]:
             key_path.unlink(missing_ok=True)
         raise
     return results
+
+
+def _one_at_a_time(tasks: Sequence[Task], folder: Path, results_before: list) -> list:
+    """:func:`compute` of each task alone, after its group failed; raises
+    :class:`GroupFailedError` naming the tasks that fail alone too, once the others are saved."""
+    results, failed = list(results_before), {}
+    for t in tasks:
+        try:
+            results.append(compute(t, folder))
+        except Exception as err:
+            failed[t.path] = f"{type(err).__name__}: {err}"
+            results.append(None)
+    if failed:
+        raise GroupFailedError(failed)
+    return results
+
+
+class GroupFailedError(RuntimeError):
+    """Jobs of a group that failed alone too (the group's other jobs were saved); ``failures``
+    maps each one's result path to its error (as text, so that the error travels back from a
+    worker process)."""
+
+    def __init__(self, failures: dict[str, str]):
+        self.failures = failures
+        lines = "\n".join(f"  {p}: {e}" for p, e in failures.items())
+        super().__init__(f"{len(failures)} job(s) of the group failed, each alone too (the others are saved):\n{lines}")
+
+    def __reduce__(self):
+        return type(self), (self.failures,)
 
 
 def _compute_group(item: tuple[Sequence[Task], Path]) -> None:

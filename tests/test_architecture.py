@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -217,7 +218,14 @@ def test_a_study_gives_the_same_tables_on_both_backends(name, tmp_path):
     tables = {}
     for backend in interp.BACKENDS:
         out = tmp_path / backend
-        run_study(name, STUDY_RELATIONS, out=out, config=config, backend=backend, progress=False)
+        # the grouped executor cannot group fine-tunes on the TransformerLens bridge: it trains
+        # them one at a time and says so, so that its tables are the serial ones
+        executor = "grouped" if backend == "transformer_lens" and name == "world" else None
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            run_study(name, STUDY_RELATIONS, out=out, config=config, backend=backend, progress=False, executor=executor)
+        if executor:
+            assert any("one at a time, not as a group" in str(w.message) for w in seen)
         tables[backend] = {table: pd.read_csv(out / f"{table}.csv") for table in STUDY_TABLES}
     a, b = tables["nnsight"], tables["transformer_lens"]
     for table in STUDY_TABLES:

@@ -200,3 +200,59 @@ def test_a_model_travels_by_reference_and_an_in_memory_one_is_refused(model_dirs
     hf, tokenizer = build("gpt2")
     with pytest.raises(TypeError, match="cannot be sent to a worker process"):
         pickle.dumps(interp.load_model(hf, tokenizer=tokenizer))
+
+
+GROUPS: list[list[int]] = []
+
+
+def square_group(items: list[Square]) -> list[dict]:
+    """The group function of a stage whose every group fails if it holds x = 13."""
+    GROUPS.append([s.x for s in items])
+    if any(s.x == 13 for s in items):
+        raise RuntimeError("the group met 13")
+    return [square(s) for s in items]
+
+
+def square_or_fail(inputs: Square) -> dict:
+    if inputs.x == 13 and inputs.scale == 1.0:
+        raise ValueError("13 fails alone too")
+    return square(inputs)
+
+
+GROUPED_SQUARE = Stage("square", square_or_fail, group=square_group)
+
+
+def test_a_failed_group_saves_its_other_jobs_one_at_a_time(tmp_path):
+    """One job that fails takes no other job of its group with it: they are computed alone and
+    saved, and only the failing one is reported (its key removed, so a rerun retries it alone)."""
+    from lab.executors import GroupedExecutor, JobsFailedError
+
+    GROUPS.clear()
+    tasks = [Task(GROUPED_SQUARE, Square(x), f"runs/{x}.json") for x in (11, 12, 13, 14)]
+    with pytest.warns(RuntimeWarning, match="computing its 4 unsaved jobs one at a time"):
+        with pytest.raises(JobsFailedError, match="13 fails alone too"):
+            Runner(tmp_path).map(tasks, GroupedExecutor(size=4))
+    assert GROUPS == [[11, 12, 13, 14]] and sorted(CALLS) == [11, 12, 14]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["11.json", "12.json", "14.json"]
+    assert not (tmp_path / ".stages" / "runs" / "13.json.key.json").exists()
+
+
+def test_groups_are_cut_from_the_whole_stage_so_a_resume_regroups_nothing(tmp_path):
+    """The jobs a resumed run still has to do train in the groups a fresh run gave them, and the
+    inner executor's workers each get a group."""
+    from lab.executors import GroupedExecutor
+
+    GROUPS.clear()
+    runner = Runner(tmp_path)
+    tasks = [Task(GROUPED_SQUARE, Square(x, 2.0), f"runs/{x}.json") for x in range(7)]
+    runner.map(tasks[2:3], GroupedExecutor(size=3))  # one job done before
+    runner.map(tasks, GroupedExecutor(size=3))
+    assert GROUPS == [[2], [0, 1], [3, 4], [5, 6]]  # a fresh run: [0, 1], [2, 3, 4], [5, 6]
+    assert [r["y"] for r in runner.map(tasks, GroupedExecutor(size=3))] == [2.0 * x**2 for x in range(7)]
+
+    class TwoWorkers(SerialExecutor):
+        workers = 2
+
+    assert [len(c) for c in GroupedExecutor(size=16, inner=TwoWorkers()).chunks(5)] == [2, 3]
+    assert [len(c) for c in GroupedExecutor(size=16).chunks(5)] == [5]
+    assert GroupedExecutor(size=2).chunks(0) == []

@@ -166,8 +166,8 @@ def group_refusal(model: Model, method: str, config: FinetuneConfig) -> str | No
     """Why fine-tunes of ``model`` cannot train as a group, or None."""
     if model.backend_name != "nnsight":
         return (
-            f"grouped fine-tunes run on the nnsight backend only: the {model.backend_name} backend reaches a layer "
-            "through more than one parent module, which a group does not rewire; run these fine-tunes one at a time"
+            f"grouped fine-tunes run on the nnsight backend only: on the {model.backend_name} backend a grouped "
+            "forward differs from each copy's own (GPT-2, LoRA); run these fine-tunes one at a time"
         )
     dropout = dropout_in(model.module)
     if dropout:

@@ -19,6 +19,7 @@ reason; in the study's own category that is an error.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -31,7 +32,7 @@ from lab.stages import DERIVED, Stage
 from probes.chance import chance_levels, expected_agreement, kappa
 
 from .config import StudyConfig, design_for
-from .finetune import FinetuneSpec, finetune, finetune_group, group_size
+from .finetune import FinetuneSpec, finetune, finetune_group, group_refusal, group_size
 
 
 @dataclass(frozen=True)
@@ -68,22 +69,33 @@ def run_finetune_job(j: FinetuneInputs) -> dict:
     design = _design(j)
     if isinstance(design, dict):
         return design
-    tuned, info = finetune(
+    return _evaluate(j, design, *_finetune_alone(j, design))
+
+
+def _finetune_alone(j: FinetuneInputs, design) -> tuple[Model, dict]:
+    return finetune(
         j.model, *_training_set(j, design), design.labels, j.job.method, j.config.finetune, seed=j.job.finetune_seed
     )
-    return _evaluate(j, design, tuned, info)
 
 
 def run_finetune_group(items: list[FinetuneInputs]) -> list[dict]:
     """:func:`run_finetune_job` of every item, the fine-tunes of each method trained as groups
     (:func:`lab.study.finetune.finetune_group`, sized to memory); the same results up to float
-    rounding."""
+    rounding. Fine-tunes that cannot train as a group (:func:`~lab.study.finetune.group_refusal`:
+    a model with dropout, the TransformerLens backend) train one at a time, with a warning that
+    says why, so that ``executor="grouped"`` runs any study."""
     designs = [_design(j) for j in items]
     out: list[dict | None] = [d if isinstance(d, dict) else None for d in designs]
     todo = [i for i, d in enumerate(designs) if not isinstance(d, dict)]
     for method in dict.fromkeys(items[i].job.method for i in todo):
         idx = [i for i in todo if items[i].job.method == method]
         first = items[idx[0]]
+        why = group_refusal(first.model, method, first.config.finetune.for_model(first.model))
+        if why is not None:  # the study still runs: these fine-tunes one at a time, as serially
+            warnings.warn(f"{method} fine-tunes run one at a time, not as a group: {why}", RuntimeWarning, stacklevel=2)
+            for i in idx:
+                out[i] = _evaluate(items[i], designs[i], *_finetune_alone(items[i], designs[i]))
+            continue
         size = group_size(first.model, method, first.config.finetune, len(idx))
         for start in range(0, len(idx), size):
             part = idx[start : start + size]
