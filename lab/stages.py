@@ -352,10 +352,10 @@ def compute_group(tasks: Sequence[Task], folder: Path) -> list:
         for t, result in zip(tasks, results, strict=True):
             stage.codec.write(result, Path(folder) / t.path)
             saved += 1
-    except Exception as err:
+    except BaseException as err:
         for key_path in keys[saved:]:
             key_path.unlink(missing_ok=True)
-        if len(tasks) == 1:
+        if len(tasks) == 1 or not isinstance(err, Exception):  # an interrupt stops, a lone job fails
             raise
         warnings.warn(
             f"a group of {len(tasks)} {stage.name} jobs failed ({type(err).__name__}: {err}); "
@@ -364,10 +364,6 @@ def compute_group(tasks: Sequence[Task], folder: Path) -> list:
             stacklevel=2,
         )
         return _one_at_a_time(tasks[saved:], folder, list(results[:saved]))
-    except BaseException:
-        for key_path in keys[saved:]:
-            key_path.unlink(missing_ok=True)
-        raise
     return results
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.executors import Executor, SerialExecutor
+from lab.executors import Executor, GroupedExecutor, JobsFailedError, SerialExecutor
 from lab.stages import DERIVED, JSON, Codec, Runner, Stage, StageInputsChanged, Task, digest, parquet_codec
 
 CALLS: list[int] = []
@@ -124,8 +124,6 @@ def test_whole_floats_digest_as_integers():
 
 
 def test_failures_are_collected_and_the_others_saved(tmp_path):
-    from lab.executors import JobsFailedError
-
     def fails_on_two(inputs: Square) -> dict:
         if inputs.x == 2:
             raise RuntimeError("boom")
@@ -225,8 +223,6 @@ GROUPED_SQUARE = Stage("square", square_or_fail, group=square_group)
 def test_a_failed_group_saves_its_other_jobs_one_at_a_time(tmp_path):
     """One job that fails takes no other job of its group with it: they are computed alone and
     saved, and only the failing one is reported (its key removed, so a rerun retries it alone)."""
-    from lab.executors import GroupedExecutor, JobsFailedError
-
     GROUPS.clear()
     tasks = [Task(GROUPED_SQUARE, Square(x), f"runs/{x}.json") for x in (11, 12, 13, 14)]
     with pytest.warns(RuntimeWarning, match="computing its 4 unsaved jobs one at a time"):
@@ -240,8 +236,6 @@ def test_a_failed_group_saves_its_other_jobs_one_at_a_time(tmp_path):
 def test_groups_are_cut_from_the_whole_stage_so_a_resume_regroups_nothing(tmp_path):
     """The jobs a resumed run still has to do train in the groups a fresh run gave them, and the
     inner executor's workers each get a group."""
-    from lab.executors import GroupedExecutor
-
     GROUPS.clear()
     runner = Runner(tmp_path)
     tasks = [Task(GROUPED_SQUARE, Square(x, 2.0), f"runs/{x}.json") for x in range(7)]
