@@ -17,27 +17,41 @@ stopping and held-out evaluation), run by ``run_study`` on each executor from th
 earlier stages: ``serial`` (all threads), ``processes`` (two one-thread processes), ``grouped``
 (fine-tunes trained as groups, :mod:`interp.grouped`, all threads) and ``grouped+processes`` (two
 one-thread processes, each training a group). It prints the wall time, each executor's speed-up
-over serial, and how many held-out predictions differ from the serial run's.
+over serial, and how many held-out predictions differ from the serial run's; then it runs the
+serial stage once more with its matrix products counted, for the stage's ceiling (below).
 
-It prints milliseconds per job-step, each way's speed-up over serial, and the arithmetic rate
-the serial step reaches (6 x trainable-path parameters x tokens per second: forward plus
-backward), which says whether the step is bound by per-operation overhead (batching helps) or
-by arithmetic (it cannot). The models: the world model (4 layers, d_model 128, the study's
-default) and MiniLM (6 layers, d_model 384, BERT; its loss read out at the last position through
-the input embeddings, as the study's masked slot does).
+The step table gives milliseconds per job-step, each way's speed-up over serial, and the step's
+**ceiling**: the most any program of the same arithmetic could gain over serial on these cores.
+``torch.utils.flop_counter`` counts the step's matrix products (forward and backward, attention
+included); the **floor** is the time the body's products (the read-out's left out) take with each
+shape at its fastest measured rate on these cores (alone, or batched over 4 or 16 jobs' copies),
+plus AdamW's update of every trainable parameter at torch's fused kernel's rate, with every other
+operation (norms, activations, softmax, indexing, Python) free; ceiling = serial / floor. A
+speed-up target above the ceiling cannot be met by batching, processes, fusing or compiling, only
+by doing less arithmetic (or by an AdamW faster than torch's fused kernel). The models: the world
+model (4 layers, d_model 128, the study's default) and MiniLM (6 layers, d_model 384, BERT; its
+loss read out at the last position through the input embeddings, as the study's masked slot
+does).
 
     python benchmarks/finetunes.py [--jobs 8] [--steps 10] [--models world,minilm]
     python benchmarks/finetunes.py --stage [--stage-jobs 16] [--models world,minilm]
+    python benchmarks/finetunes.py --study [--models world]
+
+``--study`` counts the matrix products of a whole ``interp study`` (serial, default
+configuration) and prints the study's floor on these cores: the time its body's products alone
+take at the peak rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
+from collections import Counter
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -171,14 +185,120 @@ def process_steps(name: str, jobs: int, steps: int) -> float:
     return max(per) / 2
 
 
-def flops_per_step(name: str) -> float:
-    import interp
+def matmul_work(fn, vocab: int) -> tuple[float, float, Counter]:
+    """The matrix products that ``fn()`` computes, forward and backward, as
+    ``torch.utils.flop_counter`` counts them (2 x m x n x k a product, attention included): GFLOP
+    of the body, GFLOP of the read-out (a product with a vocabulary-sized dimension: the
+    unembedding at every position, the masked slot's tied read-out, their input gradients), and
+    how often the body computed each product shape (the two operands' shapes)."""
+    import torch
+    from torch.utils import flop_counter as fc
 
-    model = interp.load_model("world" if name == "world" else "minilm")
-    trainable = sum(p.numel() for n, p in model.hf_model.named_parameters() if "embeddings" not in n and "wte" not in n)
-    trainable -= sum(p.numel() for n, p in model.hf_model.named_parameters() if "wpe" in n)
-    batch, tokens = SHAPES[name]
-    return 6 * trainable * batch * tokens
+    head, shapes = [0], Counter()
+
+    def split(formula, first):  # ``first``: where the two matrix operands start in the arguments
+        def counted(*args, out_val=None, **kwargs):
+            flops = formula(*args, out_val=out_val, **kwargs)
+            x, y = args[first : first + 2]
+            if vocab in x.shape[-2:] or vocab in y.shape[-2:]:
+                head[0] += flops
+                return 0
+            shapes[(tuple(x.shape), tuple(y.shape))] += 1
+            return flops
+
+        counted._get_raw = True  # given the tensors (the registry's formulas take their shapes)
+        return counted
+
+    aten = torch.ops.aten
+    mapping = {
+        aten.mm: split(fc.mm_flop, 0),
+        aten.bmm: split(fc.bmm_flop, 0),
+        aten.addmm: split(fc.addmm_flop, 1),
+        aten.baddbmm: split(fc.baddbmm_flop, 1),
+    }
+    with fc.FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        fn()
+    return counter.get_total_flops() / 1e9, head[0] / 1e9, shapes
+
+
+def floor_seconds(body_gflop: float, shapes: Counter, peak: float, rounds: int = 3) -> float:
+    """The least time the body's matrix products can take on these cores: every product shape
+    replayed in its fastest measured layout (alone, or as one ``torch.bmm`` over 4 or 16 jobs'
+    copies: how a group of fine-tunes would run it), timed per job, best of ``rounds``; products
+    the counter saw but not as a matrix product (fused attention) at the peak rate. Everything
+    else the step does (norms, activations, softmax, AdamW, indexing, Python) counts as free."""
+    import torch
+
+    seconds, replayed = 0.0, 0.0
+    for (a, b), n in shapes.items():
+        flops = 2 * math.prod(a) * b[-1]
+        best = float("inf")
+        for g in (1, 4, 16):
+            if g > 1 and g * flops > 4e9:  # large enough alone; skip a copy that only costs memory
+                break
+            x = torch.randn(g * a[0], *a[1:]) if len(a) == 3 else torch.randn(g, *a)
+            y = torch.randn(g * b[0], *b[1:]) if len(b) == 3 else torch.randn(g, *b)
+            torch.bmm(x, y)  # warm-up
+            for _ in range(rounds):
+                start = time.perf_counter()
+                torch.bmm(x, y)
+                best = min(best, (time.perf_counter() - start) / g)
+        seconds += n * best
+        replayed += n * flops / 1e9
+    return seconds + max(0.0, body_gflop - replayed) / peak
+
+
+def adamw_seconds(updates: int, size: int, rounds: int = 5) -> float:
+    """The least time ``updates`` AdamW parameter updates take here: torch's fused AdamW kernel
+    (its fastest) on one flat parameter of ``size`` elements (one job's) and of 16 x ``size`` (a
+    group's stacked copies), the better time per element, times ``updates``. Every fine-tune
+    updates each trainable parameter with AdamW at every step, whatever runs it."""
+    import torch
+
+    best = float("inf")
+    for n in (size, 16 * size):
+        param = torch.nn.Parameter(torch.zeros(n))
+        param.grad = torch.randn(n)
+        opt = torch.optim.AdamW([param], lr=1e-4, fused=True)
+        opt.step()  # warm-up: the moments allocated
+        for _ in range(rounds):
+            start = time.perf_counter()
+            opt.step()
+            best = min(best, (time.perf_counter() - start) / n)
+    return updates * best
+
+
+def runs_updates(runs) -> tuple[int, int]:
+    """Parameter updates (steps x trainable parameters, summed) of a study's saved fine-tunes, and
+    the most trainable parameters one of them has."""
+    facts = [json.loads(f.read_text()) for f in runs.glob("*.json")]
+    facts = [f for f in facts if f.get("status") == "done"]
+    return sum(f["steps"] * f["trainable_params"] for f in facts), max(f["trainable_params"] for f in facts)
+
+
+def step_work(name: str) -> tuple[float, float, Counter]:
+    """:func:`matmul_work` of one serial training step."""
+    import copy
+
+    import torch
+
+    model, module, ids, targets = _setup(name, 1)
+    loss_of = _loss_fn(name, model)
+    module = copy.deepcopy(module)
+    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-4)
+
+    def step():
+        loss_of(module(input_ids=ids[0], **_mask(name, ids[0])), targets[0]).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return matmul_work(step, model.input_embeddings().shape[0])
+
+
+def step_trainable(name: str) -> int:
+    """Trainable parameters of one fine-tune in the step benchmark (embedding tables frozen)."""
+    _, module, _, _ = _setup(name, 1)
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
 def peak_gflops(threads: int, n: int = 1536, repeats: int = 10, rounds: int = 5) -> float:
@@ -250,9 +370,62 @@ def stage(name: str, jobs: int) -> None:
             }
         )
     print(pd.DataFrame(rows).to_string(index=False))
+    shutil.copytree(root / "base", root / "counted")  # the serial run again, its matrix products counted
+    body, readout, shapes = matmul_work(
+        lambda: run_study(
+            model, out=root / "counted", config=config, progress=False, max_jobs=jobs, executor=executors["serial"]
+        ),
+        interp.load_model(model).input_embeddings().shape[0],
+    )
+    peak = peak_gflops(threads)
+    products = floor_seconds(body, shapes, peak)
+    optimizer = adamw_seconds(*runs_updates(root / "counted" / "runs"))
+    floor = products + optimizer
+    print(
+        f"matrix products of the serial run: body {body:.1f} GFLOP ({len(shapes)} shapes), read-out {readout:.1f} "
+        f"GFLOP. The body's, each shape at its fastest measured rate here, take {products:.1f} s "
+        f"({body / products:.1f} GFLOP/s; peak {peak:.1f}); AdamW's updates at the fused kernel's rate "
+        f"{optimizer:.1f} s. Floor {floor:.1f} s: ceiling {times['serial'] / floor:.2f}x, the most any executor "
+        "of this arithmetic could gain over serial here"
+    )
     if refused:
         print(f"grouped: refused ({refused.split(';')[0]})")
     shutil.rmtree(root, ignore_errors=True)
+
+
+def study_floor(name: str) -> None:
+    """The matrix products of the whole ``interp study`` (default configuration, serial) counted:
+    its earlier stages (readability, baselines, the pretrained answers) and its fine-tunes with
+    the summary, and how long the body's products take at their fastest measured rate here (with
+    the fine-tunes' AdamW updates at the fused kernel's rate): no program of this arithmetic
+    finishes the study on these cores in less."""
+    import tempfile
+    from pathlib import Path
+
+    import interp
+    from lab.study import run_study
+    from lab.study.run import default_config
+
+    threads = os.cpu_count() or 1
+    model = "world" if name == "world" else "minilm"
+    config = default_config(model)
+    vocab = interp.load_model(model).input_embeddings().shape[0]
+    out = Path(tempfile.mkdtemp(prefix="study-floor-"))
+    parts = {
+        "earlier stages": lambda: run_study(model, out=out, config=config, progress=False, max_jobs=0),
+        "fine-tunes and summary": lambda: run_study(model, out=out, config=config, progress=False),
+    }
+    peak = peak_gflops(threads)
+    print(f"\n{name}: interp study's matrix products (peak fp32 matmul {peak:.1f} GFLOP/s on {threads} cores)")
+    total = 0.0
+    for label, run in parts.items():
+        body, readout, shapes = matmul_work(run, vocab)
+        floor = floor_seconds(body, shapes, peak)
+        if label.startswith("fine-tunes"):
+            floor += adamw_seconds(*runs_updates(out / "runs"))
+        total += floor
+        print(f"{label:24} body {body:9.1f} GFLOP  read-out {readout:8.1f} GFLOP  floor {floor / 60:5.2f} min")
+    print(f"{'the study':24} floor {total / 60:.2f} min (products and AdamW at their fastest, the rest free)")
 
 
 def main() -> None:
@@ -262,7 +435,12 @@ def main() -> None:
     ap.add_argument("--models", default="world,minilm")
     ap.add_argument("--stage", action="store_true", help="time the study's fine-tuning stage on each executor")
     ap.add_argument("--stage-jobs", type=int, default=16)
+    ap.add_argument("--study", action="store_true", help="count the whole study's matrix products: its floor")
     args = ap.parse_args()
+    if args.study:
+        for name in args.models.split(","):
+            study_floor(name)
+        return
     if args.stage:
         for name in args.models.split(","):
             stage(name, args.stage_jobs)
@@ -271,22 +449,28 @@ def main() -> None:
     peak = peak_gflops(threads)
     print(f"{args.jobs} fine-tunes x {args.steps} steps, {threads} cores; ms per job-step (lower is faster)")
     print(f"peak fp32 matmul on these cores: {peak:.1f} GFLOP/s\n")
-    head = ("serial", 9), ("processes", 10), ("batched", 9), ("proc/ser", 9), ("batch/ser", 10), ("GFLOP/s", 8)
-    head += (("ceiling", 8),)
+    head = ("serial", 9), ("processes", 10), ("batched", 9), ("proc/ser", 9), ("batch/ser", 10), ("GFLOP", 7)
+    head += (("GFLOP/s", 8), ("floor", 7), ("ceiling", 8))
     print(f"{'model':8} " + " ".join(f"{h:>{w}}" for h, w in head))
     for name in args.models.split(","):
         s = serial_steps(name, args.jobs, args.steps, threads)
         p = process_steps(name, args.jobs, args.steps)
         b = batched_steps(name, args.jobs, args.steps, threads)
-        rate = flops_per_step(name) / s / 1e9
+        body, readout, shapes = step_work(name)
+        trainable = step_trainable(name)
+        floor = floor_seconds(body, shapes, peak) + adamw_seconds(trainable, trainable)
         print(
-            f"{name:8} {s * 1e3:9.1f} {p * 1e3:10.1f} {b * 1e3:9.1f} {s / p:8.2f}x {s / b:9.2f}x {rate:8.1f}"
-            f" {peak / rate:7.2f}x"
+            f"{name:8} {s * 1e3:9.1f} {p * 1e3:10.1f} {b * 1e3:9.1f} {s / p:8.2f}x {s / b:9.2f}x {body + readout:7.2f}"
+            f" {(body + readout) / s:8.1f} {floor * 1e3:7.1f} {s / floor:7.2f}x"
         )
     print(
-        "\nspeed-up > 1: faster than serial. GFLOP/s: the serial step's arithmetic rate (6 x trainable "
-        "parameters x tokens per second). ceiling: peak / that rate, the most any schedule of the same "
-        "arithmetic (batched, in processes, fused) could gain over serial on these cores."
+        "\nspeed-up > 1: faster than serial. GFLOP: the step's matrix products, forward and backward "
+        "(torch.utils.flop_counter), read-out included; GFLOP/s: the serial step's rate of them. floor: "
+        "the body's matrix products alone (the read-out left out), each shape at its fastest measured rate "
+        "on these cores (alone or batched over 4 or 16 jobs), plus AdamW's update of every trainable parameter "
+        "at torch's fused kernel's rate, ms per job-step; "
+        "ceiling: serial / floor, the most any program of this arithmetic (batched, in processes, fused; "
+        "everything but those free) could gain over serial on these cores."
     )
 
 

@@ -145,8 +145,8 @@ class Continuation(Scoring):
     def logprobs(self, prompts, candidates, batch_size=128):
         model = self.model
         tokenizer, pad_id = model.tokenizer, model.pad_token_id
-        enc = [tokenizer(p)["input_ids"] for p in prompts]
-        single = [tokenizer(" " + c, add_special_tokens=False)["input_ids"] for c in candidates]
+        enc = _ids(tokenizer, prompts)
+        single = _ids(tokenizer, [" " + c for c in candidates], add_special_tokens=False)
         if all(len(s) == 1 for s in single) and _single_token_consistent(tokenizer, prompts[:3], candidates, single):
             ids = torch.tensor([s[0] for s in single])
             rows = []
@@ -213,11 +213,9 @@ class Continuation(Scoring):
 def candidate_token_ids(tokenizer, prompts: Sequence[str], candidates: Sequence[str]) -> list[list[list[int]]]:
     """Token ids of every candidate after every prompt: ``[prompt][candidate] -> ids``."""
     out = []
-    for p in prompts:
-        base = tokenizer(p)["input_ids"]
+    for p, base in zip(prompts, _ids(tokenizer, prompts)):
         row = []
-        for c in candidates:
-            full = tokenizer(p + " " + c)["input_ids"]
+        for c, full in zip(candidates, _ids(tokenizer, [p + " " + c for c in candidates])):
             if full[: len(base)] != base or len(full) == len(base):
                 raise ValueError(
                     f"cannot score candidate {c!r} after prompt {p!r}: its tokens do not extend the prompt's"
@@ -344,12 +342,17 @@ def _examples(seqs: list[list[int]], targets: list[list[int]], pad_id: int) -> L
 
 
 def _single_token_consistent(tokenizer, prompts, candidates, single) -> bool:
-    for p in prompts:
-        base = tokenizer(p)["input_ids"]
-        for c, s in zip(candidates[:5], single[:5]):
-            if tokenizer(p + " " + c)["input_ids"] != base + s:
-                return False
+    for p, base in zip(prompts, _ids(tokenizer, prompts)):
+        full = _ids(tokenizer, [p + " " + c for c in candidates[:5]])
+        if any(f != base + s for f, s in zip(full, single[:5])):
+            return False
     return True
+
+
+def _ids(tokenizer, texts: Sequence[str], **kwargs) -> list[list[int]]:
+    """Each text's token ids, tokenized in one call (a fast tokenizer encodes the batch at once;
+    the ids are those of one call per text)."""
+    return tokenizer(list(texts), **kwargs)["input_ids"] if len(texts) else []
 
 
 def _pad(seqs, pad_id, side):
