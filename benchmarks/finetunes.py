@@ -22,13 +22,15 @@ serial stage once more with its matrix products counted, for the stage's ceiling
 
 The step table gives milliseconds per job-step, each way's speed-up over serial, and the step's
 **ceiling**: the most any program of the same arithmetic could gain over serial on these cores.
-``torch.utils.flop_counter`` counts the step's matrix products (forward and backward, attention
-included); the **floor** is the time the body's products (the read-out's left out) take with each
-shape at its fastest measured rate on these cores (alone, or batched over 4 or 16 jobs' copies),
+``torch.utils.flop_counter`` counts the step's matrix products (forward and backward; attention's
+where it runs as matrix products, as in the eager attention the project loads models with); the
+**floor** is the time the body's products (the read-out's left out) take with each
+shape at its fastest measured rate on these cores (torch's own kernel alone or batched over 4 or
+16 jobs' copies, or oneDNN's, which on this machine's AMD cores runs twice as fast as torch's BLAS),
 plus AdamW's update of every trainable parameter at torch's fused kernel's rate, with every other
 operation (norms, activations, softmax, indexing, Python) free; ceiling = serial / floor. A
-speed-up target above the ceiling cannot be met by batching, processes, fusing or compiling, only
-by doing less arithmetic (or by an AdamW faster than torch's fused kernel). The models: the world
+speed-up target above the ceiling cannot be met by batching, processes, fusing or compiling with
+the kernels torch has, only by doing less arithmetic or with faster kernels. The models: the world
 model (4 layers, d_model 128, the study's default) and MiniLM (6 layers, d_model 384, BERT; its
 loss read out at the last position through the input embeddings, as the study's masked slot
 does).
@@ -187,7 +189,8 @@ def process_steps(name: str, jobs: int, steps: int) -> float:
 
 def matmul_work(fn, vocab: int) -> tuple[float, float, Counter]:
     """The matrix products that ``fn()`` computes, forward and backward, as
-    ``torch.utils.flop_counter`` counts them (2 x m x n x k a product, attention included): GFLOP
+    ``torch.utils.flop_counter`` counts them (2 x m x n x k a product; fused attention kernels are
+    not counted, eager attention's products are): GFLOP
     of the body, GFLOP of the read-out (a product with a vocabulary-sized dimension: the
     unembedding at every position, the masked slot's tied read-out, their input gradients), and
     how often the body computed each product shape (the two operands' shapes)."""
@@ -221,14 +224,33 @@ def matmul_work(fn, vocab: int) -> tuple[float, float, Counter]:
     return counter.get_total_flops() / 1e9, head[0] / 1e9, shapes
 
 
-def floor_seconds(body_gflop: float, shapes: Counter, peak: float, rounds: int = 3) -> float:
-    """The least time the body's matrix products can take on these cores: every product shape
-    replayed in its fastest measured layout (alone, or as one ``torch.bmm`` over 4 or 16 jobs'
-    copies: how a group of fine-tunes would run it), timed per job, best of ``rounds``; products
-    the counter saw but not as a matrix product (fused attention) at the peak rate. Everything
-    else the step does (norms, activations, softmax, AdamW, indexing, Python) counts as free."""
+def onednn_product():
+    """A 2-d fp32 product ``x @ w.T`` through oneDNN (the kernel torch's CPU inference graphs use),
+    or None where torch has no oneDNN. On some CPUs it is far faster than the BLAS torch's own
+    matmul calls (measured on this machine's AMD cores: about twice MKL's rate at every shape
+    here), so a floor must take the better of the two."""
     import torch
 
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        op(torch.ones(2, 2), torch.ones(2, 2), None, "none", [], "")
+    except (AttributeError, RuntimeError):
+        return None
+    return lambda x, w: op(x, w, None, "none", [], "")
+
+
+def floor_seconds(body_gflop: float, shapes: Counter, peak: float, rounds: int = 3) -> float:
+    """The least time the body's matrix products take on these cores with the kernels torch has:
+    every product shape replayed in its fastest measured form (torch's own ``bmm`` alone or over
+    4 or 16 jobs' copies, as a group of fine-tunes runs it, or, for a 2-d product, oneDNN's
+    kernel), timed per job, best of ``rounds``; products the counter saw but not as a matrix
+    product at the peak rate. Everything else the step does (norms, activations, softmax,
+    AdamW, indexing, Python) counts as free."""
+    import torch
+
+    onednn = onednn_product()
     seconds, replayed = 0.0, 0.0
     for (a, b), n in shapes.items():
         flops = 2 * math.prod(a) * b[-1]
@@ -243,6 +265,13 @@ def floor_seconds(body_gflop: float, shapes: Counter, peak: float, rounds: int =
                 start = time.perf_counter()
                 torch.bmm(x, y)
                 best = min(best, (time.perf_counter() - start) / g)
+        if onednn is not None and len(a) == 2:
+            x, w = torch.randn(*a), torch.randn(b[1], b[0])
+            onednn(x, w)  # warm-up
+            for _ in range(rounds):
+                start = time.perf_counter()
+                onednn(x, w)
+                best = min(best, time.perf_counter() - start)
         seconds += n * best
         replayed += n * flops / 1e9
     return seconds + max(0.0, body_gflop - replayed) / peak
@@ -256,7 +285,7 @@ def adamw_seconds(updates: int, size: int, rounds: int = 5) -> float:
     import torch
 
     best = float("inf")
-    for n in (size, 16 * size):
+    for n in (size, 16 * size) if 16 * size <= 2**25 else (size,):  # 16 copies of a large model: memory only
         param = torch.nn.Parameter(torch.zeros(n))
         param.grad = torch.randn(n)
         opt = torch.optim.AdamW([param], lr=1e-4, fused=True)
@@ -273,6 +302,8 @@ def runs_updates(runs) -> tuple[int, int]:
     the most trainable parameters one of them has."""
     facts = [json.loads(f.read_text()) for f in runs.glob("*.json")]
     facts = [f for f in facts if f.get("status") == "done"]
+    if not facts:
+        raise ValueError(f"no finished fine-tune in {runs}: nothing to count")
     return sum(f["steps"] * f["trainable_params"] for f in facts), max(f["trainable_params"] for f in facts)
 
 
@@ -303,20 +334,38 @@ def step_trainable(name: str) -> int:
 
 def peak_gflops(threads: int, n: int = 1536, repeats: int = 10, rounds: int = 5) -> float:
     """This machine's fp32 matmul rate on one large square product (``threads`` threads), the
-    best of ``rounds`` timings (a ceiling must not be lowered by a slow first round): the ceiling
-    for any schedule of a step that is nothing but matmuls."""
+    best of ``rounds`` timings (a ceiling must not be lowered by a slow first round) and of the
+    two kernels torch has (its BLAS, and oneDNN where it has it: :func:`onednn_product`)."""
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm-up
+    products = [torch.mm]
+    onednn = onednn_product()
+    if onednn is not None:
+        products.append(onednn)
     best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            a @ b
-        best = min(best, time.perf_counter() - start)
+    for product in products:
+        product(a, b)  # warm-up
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                product(a, b)
+            best = min(best, time.perf_counter() - start)
     return 2 * n**3 * repeats / best / 1e9
+
+
+def blas_gflops(threads: int, n: int = 1536, repeats: int = 10) -> float:
+    """The rate of torch's own matmul (its BLAS) on the same product, for comparison."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(n, n)
+    a @ a
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ a
+    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def stage(name: str, jobs: int) -> None:
@@ -448,7 +497,10 @@ def main() -> None:
     threads = os.cpu_count() or 1
     peak = peak_gflops(threads)
     print(f"{args.jobs} fine-tunes x {args.steps} steps, {threads} cores; ms per job-step (lower is faster)")
-    print(f"peak fp32 matmul on these cores: {peak:.1f} GFLOP/s\n")
+    print(
+        f"peak fp32 matmul on these cores: {peak:.1f} GFLOP/s (the faster of oneDNN and torch's BLAS; "
+        f"torch's own matmul: {blas_gflops(threads):.1f})\n"
+    )
     head = ("serial", 9), ("processes", 10), ("batched", 9), ("proc/ser", 9), ("batch/ser", 10), ("GFLOP", 7)
     head += (("GFLOP/s", 8), ("floor", 7), ("ceiling", 8))
     print(f"{'model':8} " + " ".join(f"{h:>{w}}" for h, w in head))
@@ -467,7 +519,8 @@ def main() -> None:
         "\nspeed-up > 1: faster than serial. GFLOP: the step's matrix products, forward and backward "
         "(torch.utils.flop_counter), read-out included; GFLOP/s: the serial step's rate of them. floor: "
         "the body's matrix products alone (the read-out left out), each shape at its fastest measured rate "
-        "on these cores (alone or batched over 4 or 16 jobs), plus AdamW's update of every trainable parameter "
+        "on these cores (torch's kernel alone or batched over 4 or 16 jobs, or oneDNN's), plus AdamW's update "
+        "of every trainable parameter "
         "at torch's fused kernel's rate, ms per job-step; "
         "ceiling: serial / floor, the most any program of this arithmetic (batched, in processes, fused; "
         "everything but those free) could gain over serial on these cores."

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from finetunes import adamw_seconds, floor_seconds, matmul_work, runs_updates  # noqa: E402
+from finetunes import adamw_seconds, floor_seconds, matmul_work, onednn_product, runs_updates  # noqa: E402
 
 VOCAB = 50
 
@@ -51,3 +51,11 @@ def test_the_optimizer_floor_scales_with_the_updates_a_study_saved(tmp_path):
     assert runs_updates(tmp_path) == (140_000, 1000)
     assert adamw_seconds(0, 1000) == 0.0
     assert 0 < adamw_seconds(140_000, 1000) < 1.0
+
+
+def test_the_onednn_product_the_floor_may_take_is_the_same_product():
+    product = onednn_product()
+    if product is None:
+        pytest.skip("this torch has no oneDNN linear: the floor uses torch's own kernel alone")
+    x, w = torch.randn(48, 32), torch.randn(24, 32)
+    torch.testing.assert_close(product(x, w), x @ w.T, rtol=1e-5, atol=1e-5)

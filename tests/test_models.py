@@ -250,3 +250,16 @@ def test_the_transformer_lens_backend_never_changes_the_users_model():
         torch.testing.assert_close(interp.capture(handle, PROMPTS, sites=[site])[site], ref, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="rewritten the HuggingFace model"):
         interp.load_model(tl.backend.bridge, backend="nnsight", tokenizer=tok)
+
+
+@pytest.mark.parametrize("which", ["world", "word"])
+def test_prompts_tokenized_in_one_call_get_the_ids_of_one_call_each(which):
+    """Scoring tokenizes a list of prompts in one tokenizer call (:func:`interp.scoring._ids`);
+    the ids are those of one call per prompt, with and without special tokens."""
+    from interp.scoring import _ids
+
+    tok = interp.load_model("world").tokenizer if which == "world" else word_tokenizer()
+    texts = ["Ada Lovelace is associated with the word", "", "  two  spaces here", " fox", "an unknownword"]
+    for kwargs in ({}, {"add_special_tokens": False}):
+        assert _ids(tok, texts, **kwargs) == [tok(t, **kwargs)["input_ids"] for t in texts]
+    assert _ids(tok, []) == []
