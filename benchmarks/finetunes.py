@@ -24,9 +24,9 @@ The step table gives milliseconds per job-step, each way's speed-up over serial,
 **ceiling**: the most any program of the same arithmetic could gain over serial on these cores.
 ``torch.utils.flop_counter`` counts the step's matrix products (forward and backward; attention's
 where it runs as matrix products, as in the eager attention the project loads models with); the
-**floor** is the time the body's products (the read-out's left out) take with each
-shape at its fastest measured rate on these cores (torch's own kernel alone or batched over 4 or
-16 jobs' copies, or oneDNN's, which on this machine's AMD cores runs twice as fast as torch's BLAS),
+**floor** is the time the body's products (the read-out's left out) take with each shape at its
+fastest measured rate on these cores (torch's own kernel alone or batched over 4 or 16 jobs'
+copies, or oneDNN's, which on the AMD cores we measured runs twice as fast as torch's BLAS),
 plus AdamW's update of every trainable parameter at torch's fused kernel's rate, with every other
 operation (norms, activations, softmax, indexing, Python) free; ceiling = serial / floor. A
 speed-up target above the ceiling cannot be met by batching, processes, fusing or compiling with
@@ -40,8 +40,8 @@ does).
     python benchmarks/finetunes.py --study [--models world]
 
 ``--study`` counts the matrix products of a whole ``interp study`` (serial, default
-configuration) and prints the study's floor on these cores: the time its body's products alone
-take at the peak rate.
+configuration) and prints the study's floor on these cores: its body's products at their
+fastest measured rate and its fine-tunes' AdamW updates at the fused kernel's rate.
 """
 
 from __future__ import annotations
