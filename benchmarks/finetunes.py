@@ -224,6 +224,17 @@ def matmul_work(fn, vocab: int) -> tuple[float, float, Counter]:
     return counter.get_total_flops() / 1e9, head[0] / 1e9, shapes
 
 
+def best_seconds(fn, rounds: int) -> float:
+    """The fastest of ``rounds`` timings of ``fn()``, after one untimed call (warm-up)."""
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def onednn_product():
     """A 2-d fp32 product ``x @ w.T`` through oneDNN (the kernel torch's CPU inference graphs use),
     or None where torch has no oneDNN. On some CPUs it is far faster than the BLAS torch's own
@@ -260,18 +271,10 @@ def floor_seconds(body_gflop: float, shapes: Counter, peak: float, rounds: int =
                 break
             x = torch.randn(g * a[0], *a[1:]) if len(a) == 3 else torch.randn(g, *a)
             y = torch.randn(g * b[0], *b[1:]) if len(b) == 3 else torch.randn(g, *b)
-            torch.bmm(x, y)  # warm-up
-            for _ in range(rounds):
-                start = time.perf_counter()
-                torch.bmm(x, y)
-                best = min(best, (time.perf_counter() - start) / g)
+            best = min(best, best_seconds(lambda: torch.bmm(x, y), rounds) / g)
         if onednn is not None and len(a) == 2:
             x, w = torch.randn(*a), torch.randn(b[1], b[0])
-            onednn(x, w)  # warm-up
-            for _ in range(rounds):
-                start = time.perf_counter()
-                onednn(x, w)
-                best = min(best, time.perf_counter() - start)
+            best = min(best, best_seconds(lambda: onednn(x, w), rounds))
         seconds += n * best
         replayed += n * flops / 1e9
     return seconds + max(0.0, body_gflop - replayed) / peak
@@ -289,11 +292,7 @@ def adamw_seconds(updates: int, size: int, rounds: int = 5) -> float:
         param = torch.nn.Parameter(torch.zeros(n))
         param.grad = torch.randn(n)
         opt = torch.optim.AdamW([param], lr=1e-4, fused=True)
-        opt.step()  # warm-up: the moments allocated
-        for _ in range(rounds):
-            start = time.perf_counter()
-            opt.step()
-            best = min(best, (time.perf_counter() - start) / n)
+        best = min(best, best_seconds(opt.step, rounds) / n)  # the warm-up step allocates the moments
     return updates * best
 
 
@@ -332,40 +331,19 @@ def step_trainable(name: str) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-def peak_gflops(threads: int, n: int = 1536, repeats: int = 10, rounds: int = 5) -> float:
+def peak_gflops(threads: int, n: int = 1536, repeats: int = 10, rounds: int = 5, blas_only: bool = False) -> float:
     """This machine's fp32 matmul rate on one large square product (``threads`` threads), the
     best of ``rounds`` timings (a ceiling must not be lowered by a slow first round) and of the
-    two kernels torch has (its BLAS, and oneDNN where it has it: :func:`onednn_product`)."""
+    two kernels torch has (its BLAS, and oneDNN where it has it: :func:`onednn_product`);
+    ``blas_only``: torch's own matmul alone, for comparison."""
     import torch
 
     torch.set_num_threads(threads)
     a, b = torch.randn(n, n), torch.randn(n, n)
-    products = [torch.mm]
-    onednn = onednn_product()
-    if onednn is not None:
-        products.append(onednn)
-    best = float("inf")
-    for product in products:
-        product(a, b)  # warm-up
-        for _ in range(rounds):
-            start = time.perf_counter()
-            for _ in range(repeats):
-                product(a, b)
-            best = min(best, time.perf_counter() - start)
+    onednn = None if blas_only else onednn_product()
+    products = [torch.mm] + ([onednn] if onednn is not None else [])
+    best = min(best_seconds(lambda p=p: [p(a, b) for _ in range(repeats)], rounds) for p in products)
     return 2 * n**3 * repeats / best / 1e9
-
-
-def blas_gflops(threads: int, n: int = 1536, repeats: int = 10) -> float:
-    """The rate of torch's own matmul (its BLAS) on the same product, for comparison."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a = torch.randn(n, n)
-    a @ a
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ a
-    return 2 * n**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def stage(name: str, jobs: int) -> None:
@@ -394,7 +372,8 @@ def stage(name: str, jobs: int) -> None:
         "grouped": GroupedExecutor(size=jobs, inner=SerialExecutor(threads=threads)),
         "grouped+processes": GroupedExecutor(size=math.ceil(jobs / 2), inner=ProcessExecutor(2)),
     }
-    refused = group_refusal(interp.load_model(model), "full", config.finetune.for_model(interp.load_model(model)))
+    handle = interp.load_model(model)
+    refused = group_refusal(handle, "full", config.finetune.for_model(handle))
     times, preds = {}, {}
     for label, ex in executors.items():
         if refused and label.startswith("grouped"):
@@ -424,7 +403,7 @@ def stage(name: str, jobs: int) -> None:
         lambda: run_study(
             model, out=root / "counted", config=config, progress=False, max_jobs=jobs, executor=executors["serial"]
         ),
-        interp.load_model(model).input_embeddings().shape[0],
+        handle.input_embeddings().shape[0],
     )
     peak = peak_gflops(threads)
     products = floor_seconds(body, shapes, peak)
@@ -499,7 +478,7 @@ def main() -> None:
     print(f"{args.jobs} fine-tunes x {args.steps} steps, {threads} cores; ms per job-step (lower is faster)")
     print(
         f"peak fp32 matmul on these cores: {peak:.1f} GFLOP/s (the faster of oneDNN and torch's BLAS; "
-        f"torch's own matmul: {blas_gflops(threads):.1f})\n"
+        f"torch's own matmul: {peak_gflops(threads, blas_only=True):.1f})\n"
     )
     head = ("serial", 9), ("processes", 10), ("batched", 9), ("proc/ser", 9), ("batch/ser", 10), ("GFLOP", 7)
     head += (("GFLOP/s", 8), ("floor", 7), ("ceiling", 8))
