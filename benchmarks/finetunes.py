@@ -18,7 +18,10 @@ earlier stages: ``serial`` (all threads), ``processes`` (two one-thread processe
 (fine-tunes trained as groups, :mod:`interp.grouped`, all threads) and ``grouped+processes`` (two
 one-thread processes, each training a group). It prints the wall time, each executor's speed-up
 over serial, and how many held-out predictions differ from the serial run's; then it runs the
-serial stage once more with its matrix products counted, for the stage's ceiling (below).
+serial stage once more with its matrix products counted, for the stage's ceiling (below). With
+``--reference DIR`` (a checkout of an earlier version: ``git worktree add DIR REV``) it first
+times that version's serial stage from the same earlier stages, in a process that imports from
+``DIR``, and takes every speed-up against it: the one-at-a-time loop before a change, side by side.
 
 The step table gives milliseconds per job-step, each way's speed-up over serial, and the step's
 **ceiling**: the most any program of the same arithmetic could gain over serial on these cores.
@@ -36,7 +39,7 @@ loss read out at the last position through the input embeddings, as the study's 
 does).
 
     python benchmarks/finetunes.py [--jobs 8] [--steps 10] [--models world,minilm]
-    python benchmarks/finetunes.py --stage [--stage-jobs 16] [--models world,minilm]
+    python benchmarks/finetunes.py --stage [--stage-jobs 16] [--models world,minilm] [--reference DIR]
     python benchmarks/finetunes.py --study [--models world]
 
 ``--study`` counts the matrix products of a whole ``interp study`` (serial, default
@@ -95,12 +98,15 @@ def _loss_fn(name: str, model):
     return loss
 
 
-def _mask(name: str, ids) -> dict:
-    """The attention mask argument: none for BERT, whose HuggingFace mask builder branches on the
-    mask's values (``padding_mask.all()``), which vmap cannot trace; these batches are unpadded."""
+def _kwargs(name: str, ids) -> dict:
+    """The forward's keyword arguments. The world model: an attention mask, and its head's read-out
+    at the last position only, where the label is predicted (as the study's fine-tunes read out,
+    :meth:`interp.models.Model.forward`'s ``positions``). BERT: no attention mask, since its
+    HuggingFace mask builder branches on the mask's values (``padding_mask.all()``), which vmap
+    cannot trace; these batches are unpadded."""
     import torch
 
-    return {"attention_mask": torch.ones_like(ids)} if name == "world" else {}
+    return {"attention_mask": torch.ones_like(ids), "logits_to_keep": 1} if name == "world" else {}
 
 
 def serial_steps(name: str, jobs: int, steps: int, threads: int, subset=None) -> float:
@@ -114,10 +120,12 @@ def serial_steps(name: str, jobs: int, steps: int, threads: int, subset=None) ->
     loss_of = _loss_fn(name, model)
     which = list(subset if subset is not None else range(jobs))
     copies = [copy.deepcopy(module) for _ in which]
-    opts = [torch.optim.AdamW([p for p in c.parameters() if p.requires_grad], lr=1e-4) for c in copies]
+    from lab.study.finetune import adamw  # the study's optimizer
+
+    opts = [adamw([p for p in c.parameters() if p.requires_grad], 1e-4, 0.0) for c in copies]
 
     def step(k, j):
-        out = copies[k](input_ids=ids[j], **_mask(name, ids[j]))
+        out = copies[k](input_ids=ids[j], **_kwargs(name, ids[j]))
         loss_of(out, targets[j]).backward()
         opts[k].step()
         opts[k].zero_grad()
@@ -146,10 +154,12 @@ def batched_steps(name: str, jobs: int, steps: int, threads: int) -> float:
         for k, v in module.named_parameters()
         if v.requires_grad
     }
-    opt = torch.optim.AdamW(list(stacked.values()), lr=1e-4)
+    from lab.study.finetune import adamw
+
+    opt = adamw(list(stacked.values()), 1e-4, 0.0)
 
     def one(params, x, y):
-        out = functional_call(module, {**frozen, **params}, (x,), _mask(name, x))
+        out = functional_call(module, {**frozen, **params}, (x,), _kwargs(name, x))
         return loss_of(out, y)
 
     group_loss = vmap(one, in_dims=(0, 0, 0), randomness="different")  # dropout: its own mask per job
@@ -310,15 +320,15 @@ def step_work(name: str) -> tuple[float, float, Counter]:
     """:func:`matmul_work` of one serial training step."""
     import copy
 
-    import torch
+    from lab.study.finetune import adamw
 
     model, module, ids, targets = _setup(name, 1)
     loss_of = _loss_fn(name, model)
     module = copy.deepcopy(module)
-    opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-4)
+    opt = adamw([p for p in module.parameters() if p.requires_grad], 1e-4, 0.0)
 
     def step():
-        loss_of(module(input_ids=ids[0], **_mask(name, ids[0])), targets[0]).backward()
+        loss_of(module(input_ids=ids[0], **_kwargs(name, ids[0])), targets[0]).backward()
         opt.step()
         opt.zero_grad()
 
@@ -346,8 +356,26 @@ def peak_gflops(threads: int, n: int = 1536, repeats: int = 10, rounds: int = 5,
     return 2 * n**3 * repeats / best / 1e9
 
 
-def stage(name: str, jobs: int) -> None:
-    """The study's fine-tuning stage on every executor (module docstring)."""
+def checkout_stage(checkout: str, model: str, out, jobs: int, threads: int) -> float:
+    """Seconds the serial fine-tuning stage takes with the project's code at ``checkout`` (this
+    one, or an earlier version from ``git worktree add``), run in a fresh process that imports
+    from there, from the finished earlier stages in ``out`` (timed around ``run_study`` only)."""
+    code = (
+        "import time; from lab.executors import SerialExecutor; from lab.study import run_study; "
+        "from lab.study.run import default_config; t = time.perf_counter(); "
+        f"run_study({model!r}, out={str(out)!r}, config=default_config({model!r}), progress=False, "
+        f"max_jobs={jobs}, executor=SerialExecutor(threads={threads})); print(time.perf_counter() - t)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=checkout, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the serial stage at {checkout} failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def stage(name: str, jobs: int, reference: str | None = None) -> None:
+    """The study's fine-tuning stage on every executor (module docstring); with ``reference`` (a
+    checkout of an earlier version), its serial stage too, timed in the same sitting."""
     import math
     import shutil
     import tempfile
@@ -385,16 +413,27 @@ def stage(name: str, jobs: int) -> None:
         times[label] = time.perf_counter() - start
         runs = sorted((out / "runs").glob("*.json"))
         preds[label] = [p["predicted_label"] for f in runs for p in json.loads(f.read_text())["predictions"]]
+    if reference is not None:  # both versions' serial stages in fresh processes, the same way
+        here = str(Path(__file__).resolve().parents[1])
+        fresh = {f"serial ({Path(reference).name}, fresh process)": reference, "serial (fresh process)": here}
+        for label, checkout in fresh.items():
+            out = root / label.replace(" ", "_")
+            shutil.copytree(root / "base", out)
+            times[label] = checkout_stage(checkout, model, out, jobs, threads)
+            runs = sorted((out / "runs").glob("*.json"))
+            preds[label] = [p["predicted_label"] for f in runs for p in json.loads(f.read_text())["predictions"]]
+        times = {k: times[k] for k in [*fresh, *executors] if k in times}
     print(f"\n{name}: the study's first {jobs} fine-tunes ({threads} cores; seconds, lower is faster)")
     rows = []
+    base = next(iter(times))  # the reference's one-at-a-time loop when given, else this version's
     for label, t in times.items():
-        same = pd.Series(preds[label]) == pd.Series(preds["serial"])
+        same = pd.Series(preds[label]) == pd.Series(preds[base])
         rows.append(
             {
                 "executor": label,
                 "seconds": round(t, 1),
-                "speed-up": f"{times['serial'] / t:.2f}x",
-                "predictions differing from serial": f"{int((~same).sum())} of {len(same)}",
+                "speed-up": f"{times[base] / t:.2f}x",
+                f"predictions differing from {base}": f"{int((~same).sum())} of {len(same)}",
             }
         )
     print(pd.DataFrame(rows).to_string(index=False))
@@ -463,6 +502,11 @@ def main() -> None:
     ap.add_argument("--models", default="world,minilm")
     ap.add_argument("--stage", action="store_true", help="time the study's fine-tuning stage on each executor")
     ap.add_argument("--stage-jobs", type=int, default=16)
+    ap.add_argument(
+        "--reference",
+        help="with --stage: a checkout of an earlier version (git worktree add DIR REV) whose serial stage is "
+        "timed too, and the speed-ups taken against it",
+    )
     ap.add_argument("--study", action="store_true", help="count the whole study's matrix products: its floor")
     args = ap.parse_args()
     if args.study:
@@ -471,7 +515,7 @@ def main() -> None:
         return
     if args.stage:
         for name in args.models.split(","):
-            stage(name, args.stage_jobs)
+            stage(name, args.stage_jobs, args.reference)
         return
     threads = os.cpu_count() or 1
     peak = peak_gflops(threads)

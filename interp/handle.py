@@ -6,6 +6,7 @@ not depend on :mod:`interp.models` (which builds a scoring for every handle).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -22,8 +23,9 @@ class LanguageModel(Protocol):
     pad_token_id: int
     device: torch.device
 
-    def forward(self, inputs: Batch) -> torch.Tensor:
-        """Logits ``[batch, pos, vocab]`` (differentiable)."""
+    def forward(self, inputs: Batch, positions: Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[batch, pos, vocab]`` (differentiable); with ``positions`` (sequence indices,
+        the same for every row), ``[batch, len(positions), vocab]``: those positions only."""
 
     def final_hidden(self, inputs: Batch) -> torch.Tensor:
         """The last layer's states ``[batch, pos, d_model]``."""

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from jaxtyping import Float
 
-from .backends import BACKENDS, DEFAULT_BACKEND, Backend, HookFn, backend_class
+from .backends import BACKENDS, DEFAULT_BACKEND, Backend, HookFn, at_positions, backend_class
 from .prompts import as_prompts
 from .scoring import Scoring, scoring_for
 from .sites import site_name, validate_sites
@@ -195,16 +195,40 @@ class Model:
             batch.input_ids, batch.attention_mask, batch.position_ids, hooks, stop_early=stop_early and bool(hooks)
         )
 
-    def forward(self, inputs, padding_side: str | None = None) -> Float[torch.Tensor, "batch pos vocab"]:
+    def forward(
+        self, inputs, padding_side: str | None = None, positions: Sequence[int] | torch.Tensor | None = None
+    ) -> Float[torch.Tensor, "batch kept vocab"]:
         """Logits of a forward pass (with this handle's standing interventions, if any; no other
         hooks), differentiable (fine-tuning trains through it). ``inputs``: prompts, or a
-        :class:`~interp.tokens.Batch`."""
+        :class:`~interp.tokens.Batch`. ``positions`` (sequence indices, the same for every row):
+        the logits at those positions only, in that order (a HuggingFace head that takes
+        ``logits_to_keep`` then reads out nowhere else, which saves the read-out's work at every
+        other position); None: at every position. A negative index counts from the end of the
+        padded batch (``-1`` is every prompt's last token only when the batch is left-padded)."""
         batch = self._on_device(inputs, padding_side)
+        if positions is not None:
+            positions = torch.as_tensor(positions)
+            if (
+                len(positions.shape)
+                and len(positions)
+                and (positions.is_floating_point() or positions.dtype == torch.bool)
+            ):
+                raise ValueError(f"positions must be integer sequence indices, got {positions.dtype}")
+            positions = positions.long()
+            if positions.dim() != 1 or not len(positions):
+                raise ValueError(
+                    f"positions must be a non-empty list of sequence indices, got shape {tuple(positions.shape)}"
+                )
+            width = batch.input_ids.shape[1]
+            if int(positions.min()) < -width or int(positions.max()) >= width:
+                raise ValueError(f"positions {positions.tolist()} fall outside the batch's {width} positions")
+            positions = positions % width
         if self._standing:
-            return self.backend.run(
+            logits = self.backend.run(
                 batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, None)
             )
-        return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids)
+            return at_positions(logits, positions)
+        return self.backend.forward(batch.input_ids, batch.attention_mask, batch.position_ids, positions)
 
     def intervened(self, site: str, fn: Callable[[torch.Tensor, Batch], torch.Tensor | None]) -> Model:
         """A handle on the same weights whose every forward pass (``forward``, ``run``,

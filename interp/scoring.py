@@ -10,8 +10,11 @@ York", "United States") are scored by their full sequence, never by a first toke
 answers share. Candidates are appended after a space (``prompt + " " + candidate``); the
 candidate's tokens are those that follow the prompt's own tokens. When every candidate is a
 single token, one forward pass per batch of prompts suffices; otherwise each (prompt, candidate)
-pair is scored. The loss is the causal-LM cross-entropy of the label's tokens
-(:func:`interp.trainable.lm_loss`; the prompt is not a target).
+pair is scored. The loss is the causal-LM cross-entropy of the label's tokens (the prompt is not a
+target), HuggingFace's ``labels=`` loss (equal to it up to float rounding: tested). The head reads
+out only at the positions that predict a label token (``Model.forward(positions=...)``), not at
+every position of the batch, and ``logprobs`` reads out at each prompt's last position only: the
+same numbers up to float rounding (a product of another shape), less work.
 
 **Masked slot** (encoders: BERT, RoBERTa, MiniLM). The prompt is followed by a slot of ``k`` mask
 tokens (``prompt + " [MASK] ... [MASK]"``) for a label of ``k`` word pieces, and piece ``i`` is
@@ -50,7 +53,6 @@ from jaxtyping import Float, Int
 
 from .handle import LanguageModel
 from .tokens import Batch, Encoded, pad
-from .trainable import lm_loss
 
 Tensor = torch.Tensor
 
@@ -152,7 +154,7 @@ class Continuation(Scoring):
             rows = []
             for i in range(0, len(enc), batch_size):
                 batch = _pad(enc[i : i + batch_size], pad_id, "left")
-                logp = torch.log_softmax(model.forward(batch)[:, -1].float(), -1)
+                logp = torch.log_softmax(model.forward(batch, positions=[-1])[:, 0].float(), -1)
                 rows.append(logp[:, ids.to(logp.device)].cpu())
             return torch.cat(rows)
         cand = candidate_token_ids(tokenizer, prompts, candidates)
@@ -184,12 +186,17 @@ class Continuation(Scoring):
         return _examples(seqs, targets, self.model.pad_token_id)
 
     def loss(self, examples, index):
-        batch, y = examples.rows(index)
-        return lm_loss(self.model.forward(batch), y.to(self.model.device))
+        sums, counts = self.target_losses(*examples.rows(index))
+        return sums.sum() / counts.sum()
 
     def target_losses(self, batch, targets):
-        logits = self.model.forward(batch).float()
-        y = torch.nn.functional.pad(targets, (0, 1), value=-100)[..., 1:].to(logits.device)  # as lm_loss shifts
+        y = torch.nn.functional.pad(targets, (0, 1), value=-100)[..., 1:]  # position t predicts token t + 1
+        read = (y != -100).any(0).nonzero()[:, 0]  # the positions some row predicts a target from
+        if not len(read):  # no targets at all: zero loss over zero targets (a mean of them is NaN)
+            zeros = torch.zeros(len(targets), device=self.model.device)
+            return zeros, zeros.long()
+        logits = self.model.forward(batch, positions=read).float()  # the read-out there only
+        y = y[:, read].to(logits.device)
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100, reduction="none")
         return ce.view(y.shape).sum(1), (y != -100).sum(1)
 

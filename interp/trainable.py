@@ -13,10 +13,6 @@ adapter each (three rank-r adapters where HuggingFace has one), so LoRA fine-tun
 models differ between backends; full fine-tunes agree (tested). The copy runs, reads and writes sites
 like any handle, so a fine-tune is trained and evaluated through the backend, and its forward
 pass is differentiable (:meth:`~interp.models.Model.forward`).
-
-:func:`lm_loss` is the causal-LM cross-entropy HuggingFace computes from ``labels=`` (targets
-shifted by one, ``-100`` ignored, mean over targets), computed from logits so that it works on
-any backend.
 """
 
 from __future__ import annotations
@@ -24,11 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from jaxtyping import Float, Int
 
 from .architectures import ARCHITECTURES, MODEL_TYPES
-
-Tensor = torch.Tensor
 
 #: HuggingFace ``model_type`` -> the linear layers LoRA adapts, from the architecture table
 #: (:attr:`interp.architectures.Architecture.lora`, one entry per family)
@@ -75,13 +68,3 @@ def freeze_embeddings(module: torch.nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, torch.nn.Embedding):
             m.weight.requires_grad_(False)
-
-
-def lm_loss(logits: Float[Tensor, "batch pos vocab"], labels: Int[Tensor, "batch pos"]) -> Float[Tensor, ""]:
-    """Next-token cross-entropy of ``labels`` (``-100``: not a target), averaged over targets;
-    the same computation as HuggingFace's ``ForCausalLMLoss``."""
-    labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
-    logits = logits.float()
-    return torch.nn.functional.cross_entropy(
-        logits.view(-1, logits.shape[-1]), labels.view(-1).to(logits.device), ignore_index=-100
-    )

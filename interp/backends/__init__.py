@@ -5,7 +5,7 @@ Each imports its library when first used, so ``import interp`` stays light.
 
 from __future__ import annotations
 
-from .base import Backend, HookFn
+from .base import Backend, HookFn, at_positions
 from .nnsight import NNsightBackend
 from .transformer_lens import TransformerLensBackend
 
@@ -23,4 +23,4 @@ def backend_class(name: str) -> type[Backend]:
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
-__all__ = ["Backend", "HookFn", "BACKENDS", "DEFAULT_BACKEND", "backend_class"]
+__all__ = ["Backend", "HookFn", "at_positions", "BACKENDS", "DEFAULT_BACKEND", "backend_class"]

@@ -103,9 +103,12 @@ class Backend(ABC):
         input_ids: Int[Tensor, "batch pos"],
         attention_mask: Int[Tensor, "batch pos"] | None = None,
         position_ids: Int[Tensor, "batch pos"] | None = None,
-    ) -> Float[Tensor, "batch pos vocab"]:
-        """The forward pass without hooks, differentiable (training runs through it)."""
-        return self.run(input_ids, attention_mask, position_ids, None)
+        positions: Int[Tensor, " kept"] | None = None,
+    ) -> Float[Tensor, "batch kept vocab"]:
+        """The forward pass without hooks, differentiable (training runs through it). ``positions``
+        (sequence indices, the same for every row): the logits at those positions only, in that
+        order; None: at every position."""
+        return at_positions(self.run(input_ids, attention_mask, position_ids, None), positions)
 
     def final_hidden(
         self,
@@ -257,11 +260,19 @@ def _identity(x: Tensor) -> Tensor:
     return x
 
 
-def accepts_position_ids(hf_model: torch.nn.Module) -> bool:
+def forward_takes(hf_model: torch.nn.Module, argument: str) -> bool:
+    """Whether ``hf_model.forward`` has a parameter named ``argument``."""
     try:
-        return "position_ids" in inspect.signature(hf_model.forward).parameters
+        return argument in inspect.signature(hf_model.forward).parameters
     except (TypeError, ValueError):
         return False
+
+
+def at_positions(
+    logits: Float[Tensor, "batch pos vocab"], positions: Tensor | None
+) -> Float[Tensor, "batch kept vocab"]:
+    """``logits`` at sequence ``positions`` (all of them for None)."""
+    return logits if positions is None else logits[:, positions.to(logits.device)]
 
 
 def logits_of(output) -> Tensor:

@@ -18,7 +18,7 @@ from ..architectures import arch_info, architecture_for
 from ..sites import parse_site, sort_by_execution, standard_sites
 from ..trainable import LoraSpec, add_lora
 from ..trainable import freeze_embeddings as freeze_embedding_tables
-from .base import Backend, HookFn, Tensor, accepts_position_ids, logits_of
+from .base import Backend, HookFn, Tensor, forward_takes, logits_of
 from .hf import hf_from_directory, is_causal, name_of, place, tokenizer_of
 
 _SERVED = frozenset({"output", "input", "inputs", "source"})
@@ -82,7 +82,8 @@ class NNsightBackend(Backend):
         self.d_head = self.info.d_head
         self.d_model = getattr(config, "hidden_size", None) or config.n_embd
         self.sites = standard_sites(self.n_layers, set(self.arch.locations))
-        self._pass_position_ids = accepts_position_ids(hf_model)
+        self._pass_position_ids = forward_takes(hf_model, "position_ids")
+        self._keeps_logits = forward_takes(hf_model, "logits_to_keep")
         with warnings.catch_warnings():  # BERT's `.output` submodules: handled in _envoy_at
             warnings.filterwarnings("ignore", message=".*which nnsight already serves.*")
             self.envoy = envoy if envoy is not None else NNsight(hf_model)
@@ -109,11 +110,7 @@ class NNsightBackend(Backend):
         """The base model's ``last_hidden_state`` (no trace needed: nothing else is read)."""
         if self.remote:
             return super().final_hidden(input_ids, attention_mask, position_ids)
-        kwargs = {"input_ids": input_ids}
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
-        if position_ids is not None and self._pass_position_ids:
-            kwargs["position_ids"] = position_ids
+        kwargs = self._inputs(input_ids, attention_mask, position_ids)
         base = self._hf_model.get_submodule(self._base[:-1]) if self._base else self._hf_model
         return base(**kwargs).last_hidden_state
 
@@ -138,6 +135,29 @@ class NNsightBackend(Backend):
             groups.setdefault((path, loc.io), []).append((loc.codec, hooks[name]))
         return groups
 
+    def _inputs(self, input_ids, attention_mask=None, position_ids=None) -> dict:
+        """The HuggingFace model's keyword arguments for a batch."""
+        kwargs = {"input_ids": input_ids}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask
+        if position_ids is not None and self._pass_position_ids:
+            kwargs["position_ids"] = position_ids
+        return kwargs
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, positions=None):
+        """The plain module's forward; ``positions`` passed on as HuggingFace's ``logits_to_keep``
+        where the model takes it (its head then reads out at those positions only, rather than at
+        every position and sliced after). A model that takes the argument but returns another
+        number of positions (an older head that reads it as a count) is run whole and sliced."""
+        if positions is not None and not self.remote and self._keeps_logits:
+            kept = positions.to(input_ids.device)
+            logits = logits_of(
+                self._hf_model(**self._inputs(input_ids, attention_mask, position_ids), logits_to_keep=kept)
+            )
+            if logits.shape[1] == len(positions):
+                return logits
+        return super().forward(input_ids, attention_mask, position_ids, positions)
+
     def run(
         self,
         input_ids: Tensor,
@@ -146,11 +166,7 @@ class NNsightBackend(Backend):
         hooks: Mapping[str, HookFn] | None = None,
         stop_early: bool = False,
     ) -> Tensor | None:
-        kwargs = {"input_ids": input_ids}
-        if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask
-        if position_ids is not None and self._pass_position_ids:
-            kwargs["position_ids"] = position_ids
+        kwargs = self._inputs(input_ids, attention_mask, position_ids)
         if not hooks and not self.remote:  # nothing to read or write: the plain module, no trace
             return logits_of(self._hf_model(**kwargs))
         groups = self._groups(hooks or {})

@@ -13,7 +13,7 @@ from ..architectures import bridge_hook_name
 from ..sites import site_name, standard_sites
 from ..trainable import LoraSpec, add_lora, lora_targets
 from ..trainable import freeze_embeddings as freeze_embedding_tables
-from .base import Backend, HookFn, Tensor, accepts_position_ids, norm_function
+from .base import Backend, HookFn, Tensor, forward_takes, norm_function
 from .hf import name_of, place, tokenizer_of
 
 
@@ -92,7 +92,7 @@ class TransformerLensBackend(Backend):
         self._accepted = sorted(hook_names)
         original = getattr(bridge, "original_model", None)
         self._model_type = getattr(getattr(original, "config", None), "model_type", None)
-        self._pass_position_ids = original is not None and accepts_position_ids(original)
+        self._pass_position_ids = original is not None and forward_takes(original, "position_ids")
 
     @property
     def module(self) -> torch.nn.Module:

@@ -39,6 +39,16 @@ the group's longest, batched matmuls): tested. A model that trains with dropout 
 masks would be drawn from one stream for the whole group, so no job would be the fine-tune its
 seed gives alone).
 
+**Checks.** Every ``check_every`` steps the whole fine-tuning set is scored under the current
+weights (:func:`training_check`). Only "is every subject right?" decides anything there, so a check
+reads the set in growing chunks and ends at the first chunk with a wrong label (before the set is
+learned, most checks end in their first 32 prompts); the check that ends training (all right)
+has then read every prompt, and the last check of a run at ``max_steps`` reads every prompt in
+one pass, so the accuracy reported is always over the whole set. A run that stops on a non-finite
+loss reports the accuracy of the weights it stopped with (those it returns), over the whole set.
+The decisions are those of checks that read everything at once, up to float rounding (a prompt's
+logits come from a batch of another size).
+
 **What training reports** besides the model: the steps taken, the training accuracy and Cohen's
 kappa of the last check (the fine-tuning set's own chance removed), the first and final loss,
 and the step at which the loss became NaN or infinite (training stops there). Whether that makes
@@ -49,6 +59,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from itertools import chain, repeat
 
 import torch
 
@@ -111,9 +122,7 @@ def finetune(
     lora = LoraSpec(config.lora_r, config.lora_alpha) if method == "lora" else None
     tuned = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)
     params = tuned.trainable_parameters()
-    opt = torch.optim.AdamW(
-        params, lr=config.lora_lr if method == "lora" else config.lr, weight_decay=config.weight_decay
-    )
+    opt = adamw(params, config.lora_lr if method == "lora" else config.lr, config.weight_decay)
     examples = tuned.scoring.examples(prompts, labels)
     gold = torch.tensor([list(label_set).index(l) for l in labels])
     gen = torch.Generator().manual_seed(seed)
@@ -129,15 +138,15 @@ def finetune(
             first_loss = loss.item()
         if not torch.isfinite(loss):  # diverged: no step can make this model a measurement
             nonfinite = steps
+            train_acc, train_kappa = training_check(tuned.eval(), prompts, label_set, gold, whole=True)
             break
         loop.optimize(loss, opt)
         if steps % config.check_every == 0 or steps == config.max_steps:
-            tuned.eval()
-            pred = tuned.logprobs(list(prompts), list(label_set)).argmax(-1)
+            checked = training_check(tuned.eval(), prompts, label_set, gold, whole=steps == config.max_steps)
             tuned.train()
-            train_acc = (pred == gold).float().mean().item()
-            train_kappa = kappa(gold.tolist(), pred.tolist())
-            if train_acc == 1.0:
+            if checked is not None:
+                train_acc, train_kappa = checked
+            if learned(checked):
                 loop.stop()
     tuned.eval()
     return tuned, {
@@ -150,6 +159,53 @@ def finetune(
         "lr": config.lora_lr if method == "lora" else config.lr,
         "trainable_params": sum(p.numel() for p in params),
     }
+
+
+def adamw(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """A fine-tune's optimizer: AdamW in torch's multi-tensor form (``foreach=True``): the same
+    arithmetic as its default per-parameter loop, bit for bit (tested), in fewer, larger kernels
+    (on 2 cores 14.8 ms rather than 25.6 a MiniLM step, 1.2 rather than 1.5 a world step). torch's
+    fused kernel is faster still (4.7 and 0.3 ms) but rounds differently, and a LoRA fine-tune
+    carries a difference in the last digit a long way: in a world study run with it, 3 of 24
+    relations' LoRA fine-tunes stopped 10-40 steps away from where they had, with 29-40% of
+    their held-out predictions changed. A study's fine-tunes keep the arithmetic they had."""
+    return torch.optim.AdamW(list(params), lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+#: prompts an early check reads before it can stop: the chunks grow so that a check that finds a
+#: wrong label in its first rows (most checks before the set is learned) costs a fraction of one
+#: over the whole set, and one that finds none costs little more than a single pass
+CHECK_CHUNKS = (32, 64, 128)
+
+
+def training_check(
+    tuned: Model, prompts: Sequence[str], label_set: Sequence[str], gold: torch.Tensor, whole: bool
+) -> tuple[float, float] | None:
+    """The fine-tuning set's training accuracy and Cohen's kappa under ``tuned`` (``gold``: each
+    prompt's label index in ``label_set``). The stopping rule asks only whether *every* prompt is
+    right, so unless ``whole`` (the last check of a run, whose accuracy is reported) the prompts are
+    read in chunks (:data:`CHECK_CHUNKS`, then the last size repeated) and the check returns None at
+    the first chunk with a wrong label: the accuracy is then below 1, and the rest is not read."""
+    prompts, label_set = list(prompts), list(label_set)
+    if whole:
+        pred = tuned.logprobs(prompts, label_set).argmax(-1)
+    else:
+        sizes = chain(CHECK_CHUNKS, repeat(CHECK_CHUNKS[-1]))
+        parts, start = [], 0
+        while start < len(prompts):
+            end = start + next(sizes)
+            part = tuned.logprobs(prompts[start:end], label_set).argmax(-1)
+            if not torch.equal(part, gold[start:end]):
+                return None
+            parts.append(part)
+            start = end
+        pred = torch.cat(parts)
+    return (pred == gold).float().mean().item(), kappa(gold.tolist(), pred.tolist())
+
+
+def learned(checked: tuple[float, float] | None) -> bool:
+    """Whether a check (:func:`training_check`) found every fine-tuning subject right: the stopping rule."""
+    return checked is not None and checked[0] == 1.0
 
 
 @dataclass(frozen=True)
@@ -189,8 +245,9 @@ MAX_GROUP = 16
 def group_size(model: Model, method: str, config: FinetuneConfig, n_jobs: int, tokens: int = 32) -> int:
     """How many fine-tunes of ``model`` one group trains: at most :data:`MAX_GROUP` and ``n_jobs``,
     and as many as fit in half the memory free on the model's device, each job counted as its own
-    copy of the model, four copies of its trainable parameters (stacked values, gradient, AdamW's
-    two moments) and one training forward pass (``batch_size`` rows of ``tokens`` tokens) kept for
+    copy of the model, five copies of its trainable parameters (stacked values, gradient, AdamW's
+    two moments, and the square roots its multi-tensor step holds for all of them at once) and
+    one training forward pass (``batch_size`` rows of ``tokens`` tokens) kept for
     the backward."""
     params = sum(p.numel() for p in model.module.parameters())
     if method == "full":
@@ -199,7 +256,7 @@ def group_size(model: Model, method: str, config: FinetuneConfig, n_jobs: int, t
         ) * int(config.freeze_embeddings)
     else:  # LoRA: r x (d_in + d_out) per adapted matrix, at most one per parameter matrix
         trainable = config.lora_r * 2 * model.d_model * 4 * model.n_layers * 4
-    per_job = (params + 4 * trainable) * memory.element_bytes(model) + memory.forward_bytes(
+    per_job = (params + 5 * trainable) * memory.element_bytes(model) + memory.forward_bytes(
         model, config.batch_size, tokens, True
     )
     free = memory.available_bytes(model.device)
@@ -226,7 +283,7 @@ def finetune_group(
     runner = model.trainable_copy(lora=lora, freeze_embeddings=config.freeze_embeddings)  # rewired for the group
     group = Grouped(runner.module, [t.module for t in tuned])
     lr = config.lora_lr if method == "lora" else config.lr
-    opt = torch.optim.AdamW(group.parameters(), lr=lr, weight_decay=config.weight_decay)
+    opt = adamw(group.parameters(), lr, config.weight_decay)
     examples = [runner.scoring.examples(s.prompts, s.labels) for s in specs]
     golds = [torch.tensor([list(s.label_set).index(l) for l in s.labels]) for s in specs]
     gens = [torch.Generator().manual_seed(s.seed) for s in specs]
@@ -257,6 +314,9 @@ def finetune_group(
             if not torch.isfinite(loss):  # stops before this step, as finetune does
                 f["nonfinite"] = step
                 group.write(k, tuned[j].module)
+                spec = specs[j]
+                checked = training_check(tuned[j].eval(), spec.prompts, spec.label_set, golds[j], whole=True)
+                f["train_accuracy"], f["train_kappa"] = checked
                 failed.append(k)
         finite = [loss for k, loss in enumerate(losses) if k not in failed]
         if finite:
@@ -268,12 +328,11 @@ def finetune_group(
                 if k in failed:
                     continue
                 group.write(k, tuned[j].module)
-                t = tuned[j].eval()
-                pred = t.logprobs(list(specs[j].prompts), list(specs[j].label_set)).argmax(-1)
-                gold = golds[j]
-                facts[j]["train_accuracy"] = (pred == gold).float().mean().item()
-                facts[j]["train_kappa"] = kappa(gold.tolist(), pred.tolist())
-                if facts[j]["train_accuracy"] == 1.0 or step == config.max_steps:
+                last = step == config.max_steps
+                checked = training_check(tuned[j].eval(), specs[j].prompts, specs[j].label_set, golds[j], whole=last)
+                if checked is not None:
+                    facts[j]["train_accuracy"], facts[j]["train_kappa"] = checked
+                if learned(checked) or last:
                     done.append(k)
         for k in done:
             group.write(k, tuned[active[k]].module)
