@@ -359,12 +359,13 @@ def peak_gflops(threads: int, n: int = 1536, repeats: int = 10, rounds: int = 5,
 def checkout_stage(checkout: str, model: str, out, jobs: int, threads: int) -> float:
     """Seconds the serial fine-tuning stage takes with the project's code at ``checkout`` (this
     one, or an earlier version from ``git worktree add``), run in a fresh process that imports
-    from there, from the finished earlier stages in ``out`` (timed around ``run_study`` only)."""
-    code = (
+    from there, from the finished earlier stages in ``out``: resumed once untimed (imports, the
+    model, the saved stages: what the in-process executors find done), then the stage timed."""
+    run = f"run_study({model!r}, out={str(out)!r}, config=default_config({model!r}), progress=False"
+    code = (  # warmed up as the in-process executors are: the finished earlier stages resumed once
         "import time; from lab.executors import SerialExecutor; from lab.study import run_study; "
-        "from lab.study.run import default_config; t = time.perf_counter(); "
-        f"run_study({model!r}, out={str(out)!r}, config=default_config({model!r}), progress=False, "
-        f"max_jobs={jobs}, executor=SerialExecutor(threads={threads})); print(time.perf_counter() - t)"
+        f"from lab.study.run import default_config; {run}, max_jobs=0); t = time.perf_counter(); "
+        f"{run}, max_jobs={jobs}, executor=SerialExecutor(threads={threads})); print(time.perf_counter() - t)"
     )
     env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=checkout, capture_output=True, text=True)

@@ -133,10 +133,10 @@ def study(
     quick: bool = typer.Option(False, help="one seed, one method, no other categories (a few minutes)"),
     executor: str = typer.Option(
         "serial",
-        help="serial; processes (2 local processes, 1 thread each: 1.6x the fine-tune steps of the world model "
-        "on 2 cores, benchmarks/finetunes.py); grouped (fine-tunes trained in groups of up to 16, one forward "
-        "pass per step for the group: for GPUs; models without dropout); or ray (a local Ray cluster, or "
-        "RAY_ADDRESS's)",
+        help="serial; processes (2 local processes, 1 thread each: the world's fine-tuning stage 1.1x faster on 2 "
+        "cores, benchmarks/finetunes.py --stage); grouped (fine-tunes trained in groups of up to 16, one forward "
+        "pass per step for the group: 1.1-1.2x there, and meant for GPUs; models without dropout); or ray (a local "
+        "Ray cluster, or RAY_ADDRESS's)",
     ),
 ):
     """Run (or resume) the generalization study; writes tables, figures and report.html."""
