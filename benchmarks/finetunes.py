@@ -19,9 +19,10 @@ earlier stages: ``serial`` (all threads), ``processes`` (two one-thread processe
 one-thread processes, each training a group). It prints the wall time, each executor's speed-up
 over serial, and how many held-out predictions differ from the serial run's; then it runs the
 serial stage once more with its matrix products counted, for the stage's ceiling (below). With
-``--reference DIR`` (a checkout of an earlier version: ``git worktree add DIR REV``) it first
-times that version's serial stage from the same earlier stages, in a process that imports from
-``DIR``, and takes every speed-up against it: the one-at-a-time loop before a change, side by side.
+``--reference DIR`` (a checkout of an earlier version: ``git worktree add DIR REV``) it also times
+that version's serial stage and this one's from the same earlier stages, each in a fresh process
+that imports its own code, and takes every speed-up against the earlier version: the
+one-at-a-time loop before a change, side by side.
 
 The step table gives milliseconds per job-step, each way's speed-up over serial, and the step's
 **ceiling**: the most any program of the same arithmetic could gain over serial on these cores.
@@ -403,27 +404,31 @@ def stage(name: str, jobs: int, reference: str | None = None) -> None:
     }
     handle = interp.load_model(model)
     refused = group_refusal(handle, "full", config.finetune.for_model(handle))
-    times, preds = {}, {}
-    for label, ex in executors.items():
-        if refused and label.startswith("grouped"):
-            continue
-        out = root / label
-        shutil.copytree(root / "base", out)
-        start = time.perf_counter()
-        run_study(model, out=out, config=config, progress=False, max_jobs=jobs, executor=ex)
-        times[label] = time.perf_counter() - start
-        runs = sorted((out / "runs").glob("*.json"))
-        preds[label] = [p["predicted_label"] for f in runs for p in json.loads(f.read_text())["predictions"]]
+
+    def in_process(ex):
+        def run(out) -> float:
+            start = time.perf_counter()
+            run_study(model, out=out, config=config, progress=False, max_jobs=jobs, executor=ex)
+            return time.perf_counter() - start
+
+        return run
+
+    kept = {label: ex for label, ex in executors.items() if not (refused and label.startswith("grouped"))}
+    runners = {label: in_process(ex) for label, ex in kept.items()}
+    fresh = {}
     if reference is not None:  # both versions' serial stages in fresh processes, the same way
         here = str(Path(__file__).resolve().parents[1])
         fresh = {f"serial ({Path(reference).name}, fresh process)": reference, "serial (fresh process)": here}
         for label, checkout in fresh.items():
-            out = root / label.replace(" ", "_")
-            shutil.copytree(root / "base", out)
-            times[label] = checkout_stage(checkout, model, out, jobs, threads)
-            runs = sorted((out / "runs").glob("*.json"))
-            preds[label] = [p["predicted_label"] for f in runs for p in json.loads(f.read_text())["predictions"]]
-        times = {k: times[k] for k in [*fresh, *executors] if k in times}
+            runners[label] = lambda out, checkout=checkout: checkout_stage(checkout, model, out, jobs, threads)
+    times, preds = {}, {}
+    for label, run in runners.items():
+        out = root / label.replace(" ", "_")
+        shutil.copytree(root / "base", out)
+        times[label] = run(out)
+        runs = sorted((out / "runs").glob("*.json"))
+        preds[label] = [p["predicted_label"] for f in runs for p in json.loads(f.read_text())["predictions"]]
+    times = {k: times[k] for k in [*fresh, *runners]}  # the reference first: the speed-ups' baseline
     print(f"\n{name}: the study's first {jobs} fine-tunes ({threads} cores; seconds, lower is faster)")
     rows = []
     base = next(iter(times))  # the reference's one-at-a-time loop when given, else this version's

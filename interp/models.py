@@ -207,22 +207,7 @@ class Model:
         padded batch (``-1`` is every prompt's last token only when the batch is left-padded)."""
         batch = self._on_device(inputs, padding_side)
         if positions is not None:
-            positions = torch.as_tensor(positions)
-            if (
-                len(positions.shape)
-                and len(positions)
-                and (positions.is_floating_point() or positions.dtype == torch.bool)
-            ):
-                raise ValueError(f"positions must be integer sequence indices, got {positions.dtype}")
-            positions = positions.long()
-            if positions.dim() != 1 or not len(positions):
-                raise ValueError(
-                    f"positions must be a non-empty list of sequence indices, got shape {tuple(positions.shape)}"
-                )
-            width = batch.input_ids.shape[1]
-            if int(positions.min()) < -width or int(positions.max()) >= width:
-                raise ValueError(f"positions {positions.tolist()} fall outside the batch's {width} positions")
-            positions = positions % width
+            positions = _sequence_indices(positions, batch.input_ids.shape[1])
         if self._standing:
             logits = self.backend.run(
                 batch.input_ids, batch.attention_mask, batch.position_ids, self._with_standing(batch, None)
@@ -362,6 +347,20 @@ class Model:
 
 # loading ---------------------------------------------------------------------------------------
 _RELOADED: dict[tuple, Model] = {}
+
+
+def _sequence_indices(positions: Sequence[int] | torch.Tensor, width: int) -> torch.Tensor:
+    """``positions`` (for :meth:`Model.forward`) as non-negative indices into ``width`` positions,
+    or a ValueError that says what is wrong with them."""
+    index = torch.as_tensor(positions)
+    if index.dim() != 1 or not len(index):
+        raise ValueError(f"positions must be a non-empty list of sequence indices, got shape {tuple(index.shape)}")
+    if index.is_floating_point() or index.dtype == torch.bool:
+        raise ValueError(f"positions must be integer sequence indices, got {index.dtype}")
+    index = index.long()
+    if int(index.min()) < -width or int(index.max()) >= width:
+        raise ValueError(f"positions {index.tolist()} fall outside the batch's {width} positions")
+    return index % width
 
 
 def _reload(source: str, backend: str, name: str, fingerprint: str, options: dict | None = None) -> Model:
