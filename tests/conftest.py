@@ -6,12 +6,42 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).parent))
 
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# The suite runs in parallel (pytest-xdist: `-n auto` in pyproject's addopts), one worker per core as
+# memory allows (pytest_xdist_auto_num_workers below). Each worker takes an equal share of the cores'
+# threads, at most 2, so that the workers together never run more threads than there are cores (more
+# makes torch crawl): on 2 cores, two workers of one thread each; without xdist (`-n 0`), 2 threads.
+# INTERP_TEST_THREADS sets another count, which flushes out tests that assume one machine's float
+# reductions. A worker's subprocesses and notebook kernels inherit its count (OMP_NUM_THREADS). Code
+# that asks for its own count (a world's pretraining, TrainConfig.threads=2) can still put more threads
+# on the cores than there are; idle threads then sleep rather than spin (OMP_WAIT_POLICY=PASSIVE, set
+# before torch loads OpenMP): measured on 2 cores, such a run beside a busy worker took 1.6x its time
+# alone, 2.7x spinning.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = int(os.environ.get("INTERP_TEST_THREADS", max(1, min(2, _cores() // WORKERS))))
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# 2 threads by default; INTERP_TEST_THREADS=1 runs the suite with another count, which flushes out tests
-# that assume one machine's float reductions
-torch.set_num_threads(int(os.environ.get("INTERP_TEST_THREADS", "2")))
+torch.set_num_threads(THREADS)
+
+#: the most memory one test worker is given room for (the largest tests, at GPT-2-small shape, peak near 2.1 GB)
+WORKER_BYTES = 4 * 2**30
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per core, as many as fit in the memory available."""
+    import psutil
+
+    return max(1, min(_cores(), psutil.virtual_memory().available // WORKER_BYTES))
+
 
 BACKENDS = ["transformer_lens", "nnsight"]
 
