@@ -29,12 +29,21 @@ from .faithfulness import MIB_FRACTIONS, Faithfulness
 from .metrics import (
     Metric,
     MetricError,
+    answer_logprob,
     answer_prob,
     as_metric,
     kl_to_clean,
     logit_diff,
 )
-from .pairs import PairLengthError, Pairs, make_pairs
+from .pairs import (
+    AnswerError,
+    PairLengthError,
+    Pairs,
+    UnknownTokenError,
+    make_pairs,
+    matched_pairs,
+    pairs_from_template,
+)
 from .path_patching import PathPatching
 from .plots import circuit_graph, faithfulness_plot, head_heatmap, position_heatmap
 from .statistics import Uncertainty, significant
@@ -51,13 +60,18 @@ __all__ = [
     "all_receivers",
     "Metric",
     "MetricError",
+    "answer_logprob",
     "answer_prob",
     "as_metric",
     "kl_to_clean",
     "logit_diff",
+    "AnswerError",
     "PairLengthError",
     "Pairs",
+    "UnknownTokenError",
     "make_pairs",
+    "matched_pairs",
+    "pairs_from_template",
     "circuit_graph",
     "head_heatmap",
     "position_heatmap",

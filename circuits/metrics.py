@@ -6,7 +6,13 @@ Built-ins read the pair's last real token:
 
 - :func:`logit_diff`: ``logit[answer] - logit[wrong]`` (Wang et al. 2022);
 - :func:`answer_prob`: ``p(answer)``;
-- :func:`kl_to_clean`: ``KL(p_clean || p_patched)`` at the last token, 0 on the clean run.
+- :func:`kl_to_clean`: ``KL(p_clean || p_patched)`` at the last token, 0 on the clean run;
+- :func:`answer_logprob`: ``sum_j log p(answer_j | prompt, answer_<j)``, the answer's tokens
+  teacher-forced (:func:`circuits.make_pairs` appends a multi-token answer to both prompts).
+
+``logit_diff`` and ``answer_prob`` read one token: given a pair whose answer is several tokens
+they raise :class:`MetricError` before any work (reading only the first token would score "New
+York" and "New Delhi" alike).
 
 Any function ``fn(logits)`` or ``fn(logits, pairs)`` is a metric too (wrap it with
 :func:`as_metric` to have its output checked); it must be differentiable for attribution
@@ -39,6 +45,9 @@ class Metric:
 
     def __call__(self, logits: Float[Tensor, "n pos vocab"], pairs: Pairs) -> Tensor:
         raise NotImplementedError
+
+    def check(self, pairs: Pairs) -> None:
+        """Raise before any work if this metric cannot score ``pairs`` (the analyzers call it)."""
 
     def reduce(self, logits: Tensor, pairs: Pairs) -> Tensor:
         """Per-pair values ``[n]`` (a scalar metric is broadcast), validated."""
@@ -73,8 +82,23 @@ def _need(pairs: Pairs, field: str, metric: str) -> Tensor:
     return value
 
 
+def _one_token(pairs: Pairs, metric: str, fields: tuple[str, ...]) -> None:
+    for field in fields:
+        for i, toks in enumerate(getattr(pairs, f"{field}_tokens") or ()):
+            if len(toks) > 1:
+                raise MetricError(
+                    f"the {metric} metric reads one token, but pair {i}'s {field} is {len(toks)} tokens {list(toks)}; "
+                    'reading its first token would score answers that share it ("New York", "New Delhi") '
+                    "alike. Use metric='answer_logprob' (the teacher-forced sum of the answer's token "
+                    "log-probabilities), or answers of one token each."
+                )
+
+
 class LogitDiff(Metric):
     name = "logit_diff"
+
+    def check(self, pairs):
+        _one_token(pairs, self.name, ("answer", "wrong"))
 
     def __call__(self, logits, pairs):
         last = _at_last(logits, pairs).float()
@@ -86,6 +110,9 @@ class LogitDiff(Metric):
 
 class AnswerProb(Metric):
     name = "answer_prob"
+
+    def check(self, pairs):
+        _one_token(pairs, self.name, ("answer",))
 
     def __call__(self, logits, pairs):
         p = torch.softmax(_at_last(logits, pairs).float(), -1)
@@ -107,6 +134,47 @@ class KLToClean(Metric):
         logp = torch.log_softmax(_at_last(logits, pairs).float(), -1)
         ref_logp = torch.log_softmax(ref.to(logp.device).float(), -1)
         return (ref_logp.exp() * (ref_logp - logp)).sum(-1)
+
+
+class AnswerLogprob(Metric):
+    """The answer's log-probability, teacher-forced: the sum over its tokens of ``log p(token_j)``
+    at position ``last + j`` (a one-token answer: ``log p(answer)`` at ``last``)."""
+
+    name = "answer_logprob"
+
+    def check(self, pairs):
+        _need(pairs, "answer", self.name)
+        ids = pairs.clean.input_ids
+        for i, toks in enumerate(self._tokens(pairs)):
+            start = int(pairs.last[i]) + 1
+            forced = ids[i, start : start + len(toks) - 1].tolist()
+            if forced != list(toks[:-1]):
+                raise MetricError(
+                    f"answer_logprob: pair {i}'s answer tokens {list(toks)} do not follow its prompt (found "
+                    f"{forced} after it); build the pairs with make_pairs(..., answer=...), which appends them"
+                )
+
+    @staticmethod
+    def _tokens(pairs: Pairs) -> tuple[tuple[int, ...], ...]:
+        if pairs.answer_tokens is not None:
+            return pairs.answer_tokens
+        return tuple((int(a),) for a in pairs.answer)
+
+    def __call__(self, logits, pairs):
+        toks = self._tokens(pairs)
+        width = max(len(t) for t in toks)
+        n = len(toks)
+        ids = torch.zeros(n, width, dtype=torch.long)
+        keep = torch.zeros(n, width, dtype=torch.bool)
+        for i, t in enumerate(toks):
+            ids[i, : len(t)] = torch.tensor(t)
+            keep[i, : len(t)] = True
+        pos = pairs.last.reshape(-1, 1) + torch.arange(width).reshape(1, -1)
+        pos = pos.clamp(max=logits.shape[1] - 1).to(logits.device)
+        rows = torch.arange(n, device=logits.device).reshape(-1, 1)
+        logp = torch.log_softmax(logits[rows, pos].float(), -1)  # [n, width, vocab]
+        picked = logp.gather(-1, ids.to(logits.device).unsqueeze(-1)).squeeze(-1)
+        return (picked * keep.to(logits.device)).sum(-1)
 
 
 class FunctionMetric(Metric):
@@ -139,7 +207,16 @@ def kl_to_clean() -> Metric:
     return KLToClean()
 
 
-BUILTIN = {"logit_diff": LogitDiff, "answer_prob": AnswerProb, "kl_to_clean": KLToClean}
+def answer_logprob() -> Metric:
+    return AnswerLogprob()
+
+
+BUILTIN = {
+    "logit_diff": LogitDiff,
+    "answer_prob": AnswerProb,
+    "kl_to_clean": KLToClean,
+    "answer_logprob": AnswerLogprob,
+}
 
 
 def as_metric(metric) -> Metric:

@@ -36,6 +36,24 @@ def _require(df: pd.DataFrame, cols, what: str):
         raise ValueError(f"{what} needs columns {missing}; got {list(df.columns)}")
 
 
+#: columns whose values, when several share a cell, a figure averages over (and says so)
+_SPLITS = ("site", "receiver", "position", "sender", "relation", "stage")
+
+
+def aggregation(rows: pd.DataFrame, index: str, columns: str) -> str:
+    """How a grid of ``index`` x ``columns`` reduces rows that share a cell, in words for a title:
+    "" when each cell has one row, else e.g. "mean over 7 positions"."""
+    if not rows.duplicated([index, columns]).any():
+        return ""
+    varied = [
+        f"{rows[c].nunique()} {c}s"
+        for c in _SPLITS
+        if c in rows and c not in (index, columns) and rows[c].nunique() > 1
+    ]
+    per_cell = int(rows.groupby([index, columns]).size().max())
+    return f"mean over {', '.join(varied) if varied else f'{per_cell} rows a cell'}"
+
+
 def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significance, what: str, by: str = "p_value"):
     """The value grid and, with ``significance``, a same-shaped boolean grid (interval excludes 0)."""
     if significance not in SIGNIFICANCE:
@@ -101,16 +119,26 @@ def head_heatmap(
     size: str = "one-column",
     significance: str | None = None,
     by: str = "p_value",
+    position: int | None = None,
 ) -> go.Figure:
     """Layer x head heatmap of ``value`` (rows with a head; other rows ignored).
+
+    A table with several rows a head (per position, as ``ActivationPatching`` gives by default,
+    or several sites) is averaged, and the title says so ("mean over 7 positions"); ``position=``
+    plots one position instead.
 
     ``significance``: ``"mask"`` blanks, ``"mark"`` crosses the cells that are not significant
     (:func:`circuits.significant` with ``by``; tables from an analyzer run with ``statistics=True``)."""
     _require(df, ["layer", "head", value], "head_heatmap")
     heads = df[df["head"].notna()]
+    if position is not None:
+        if "position" not in heads or heads["position"].isna().all():
+            raise ValueError("head_heatmap: position= needs per-position rows (ActivationPatching by_position=True)")
+        heads = heads[heads["position"] == position]
     if heads.empty:
         raise ValueError(
             "head_heatmap: no per-head rows in the DataFrame (patch site 'z', 'q', 'k' or 'v', or use node scores)"
+            + (f" at position {position}" if position is not None else "")
         )
     grid, sig = _grids(heads, "layer", "head", value, significance, "head_heatmap", by)
     fig = _heatmap(
@@ -122,7 +150,9 @@ def head_heatmap(
         significance,
         _note(df, by),
     )
-    fig.update_layout(title=title or f"{value} by layer and head", xaxis_title="head", yaxis_title="layer")
+    how = aggregation(heads, "layer", "head")
+    shown = title or f"{value} by layer and head" + (f" at position {position}" if position is not None else "")
+    fig.update_layout(title=f"{shown} ({how})" if how else shown, xaxis_title="head", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)
 
@@ -148,7 +178,9 @@ def position_heatmap(
     grid, sig = _grids(rows, "layer", "position", value, significance, "position_heatmap", by)
     x = [f"{int(p)}:{tokens[int(p)]}" if tokens is not None else str(int(p)) for p in grid.columns]
     fig = _heatmap(grid, sig, x, [f"L{int(l)}" for l in grid.index], value, significance, _note(df, by))
-    fig.update_layout(title=title or f"{value} by layer and position", xaxis_title="position", yaxis_title="layer")
+    how = aggregation(rows, "layer", "position")
+    shown = title or f"{value} by layer and position"
+    fig.update_layout(title=f"{shown} ({how})" if how else shown, xaxis_title="position", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
     return style(fig, size)
 

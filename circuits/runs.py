@@ -57,6 +57,7 @@ def last_logits(logits: Tensor, pairs: Pairs) -> Tensor:
 def prepare(model, pairs: Pairs, metric: Metric) -> Pairs:
     """Fill in what a metric needs from the clean run (its last-token logits, for KL), after
     checking that the one pass over every clean prompt fits."""
+    metric.check(pairs)
     if metric.needs_clean_logits and pairs.clean_logits is None:
         memory.check_fits(
             memory.forward_bytes(model, len(pairs), pairs.n_pos, graph=False),

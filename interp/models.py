@@ -20,6 +20,7 @@ analyzer uses.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -511,6 +512,12 @@ def resolve_path(spec: str | os.PathLike) -> Path:
             return Path(snapshot_download(str(spec)))
         except Exception:
             pass
+    near = difflib.get_close_matches(str(spec), registered_models(), n=3, cutoff=0.6)
+    if near:
+        raise ModelNotFoundError(
+            f"no model named {str(spec)!r}: did you mean {' or '.join(map(repr, near))}? Registered names: "
+            f"{', '.join(registered_models())}; or give a model directory or a hub name."
+        )
     raise ModelNotFoundError(
         f"no local weights for {str(spec)!r}: it is not a directory, not in the HuggingFace cache, "
         "and the hub cannot be reached. On a machine with hub access run "

@@ -42,6 +42,15 @@ from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
 from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
 from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
 from lab.figures import regenerate
+from lab.inputs import (
+    check_backend,
+    check_executor,
+    check_methods,
+    check_model,
+    check_out,
+    check_relation_files,
+    check_world_relations,
+)
 from lab.study import StudyConfigError, run_study
 from lab.study.ablation import ablate
 from lab.study.causal import causal_test
@@ -52,7 +61,7 @@ from lab.study.interventions import section as intervention_section
 from lab.study.predictors import compare_predictors
 from lab.study.randomized import randomized_causal_test
 from lab.study.report import write_report
-from lab.study.run import default_config
+from lab.study.run import default_config, is_world
 from lab.study.summary import calibrate_folder
 from lab.world import default_spec, from_world, load_world, train_world_model
 from lab.world.report import knowledge_report, readability
@@ -96,6 +105,7 @@ def demo(
     out: Path = typer.Option(Path("results/demo"), help="folder for the result table"),
 ):
     """Capture the world model's subject states at every layer and probe each relation's answer."""
+    check_out(out)
     model = interp.load_model("world", backend=backend)
     world = load_world()
     typer.echo(f"{model}\nworld: {len(world.subjects)} subjects, {len(world.spec.relations)} relations")
@@ -142,8 +152,15 @@ def study(
     """Run (or resume) the generalization study; writes tables, figures and report.html."""
     if ctx.invoked_subcommand is not None:
         return
+    check_out(out)
+    check_backend(backend)
+    check_executor(executor)
+    method_names = check_methods(methods)
+    check_model(model)
+    if relations:
+        check_world_relations(relations) if is_world(model) else check_relation_files(relations)
 
-    cfg = replace(default_config(model), n_finetune=n_finetune, methods=tuple(methods.split(",")))
+    cfg = replace(default_config(model), n_finetune=n_finetune, methods=method_names)
     if quick:
         cfg = replace(
             cfg,
@@ -253,6 +270,7 @@ def study_compare(
     """The study across models: one table in the shape of the paper's (model, family, parameters,
     relations, r with CI and Monte-Carlo p, partial r, mean kappas), small-multiple scatters, a
     forest plot of r against the paper's band, and whether models rank relations alike (Kendall's W)."""
+    check_out(out)
     try:
         table = compare_studies(folders, out, names=name or None)
     except CompareError as err:
@@ -322,6 +340,7 @@ def study_causal(
     """Does causing readability cause generalization? With the defaults the world models are
     shipped (randomized: about 9 minutes on 2 cores with --executor processes; two-worlds: about
     5); --retrain pretrains (about 25-35 minutes per world)."""
+    check_out(out)
     if design == "randomized":
         df = randomized_causal_test(out, train=TrainConfig(steps=steps), retrain=retrain, executor=executor)
         typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -365,6 +384,7 @@ def study_interventions(
     held-out subjects along the pretrained class-mean direction, against random directions and
     class-mean directions of shuffled answers and of another relation. Writes tables, figures and
     interventions.html."""
+    check_out(out)
     cfg = InterventionConfig(
         method=method,
         n_random=n_random,
@@ -399,6 +419,7 @@ def world_train(
     """Generate the default world and pretrain a small LM on it (on 2 cores about 20 minutes for the
     4-layer GPT-2 model, 40 for the Llama one). Resumable: run the same command again after an
     interruption."""
+    check_out(out)
     if zoo is None and out is None:
         typer.echo("pass --out DIR (a new checkpoint) or --zoo NAME (a zoo model, into its shipped folder)", err=True)
         raise typer.Exit(2)
@@ -461,6 +482,7 @@ def world_ablate(
     """Which ingredient makes knowledge active? Train variants of the recipe, one factor each, and
     measure recall, readability and generalization with a reduced study (about an hour on 2 cores
     at the default steps)."""
+    check_out(out)
     df = ablate(out, steps=steps, only=only or None)
     typer.echo(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
@@ -476,6 +498,7 @@ def circuits_induction(
 ):
     """Activation, path and attribution patching on the induction-head model (with per-pair
     intervals and p-values), and the faithfulness of the circuits AtP, EAP and EAP-IG rank."""
+    check_out(out)
     import json
 
     summary = analyze_induction(interp.load_model(model, backend=backend), out, n_pairs=pairs, n_random=n_random)
@@ -497,6 +520,10 @@ def circuits_relation(
 ):
     """Components carrying a world relation's answer before and after relabelling fine-tuning,
     with per-pair intervals, and the faithfulness of the circuits EAP-IG-inputs ranks."""
+    check_world_relations([relation])
+    check_out(out)
+    check_backend(backend)
+    check_methods(method)
     m = interp.load_model("world", backend=backend)
     (rel,) = from_world(load_world(), [relation])
     stages = relation_stages(m, rel, n_pairs=pairs, category=category, method=method)
@@ -549,6 +576,7 @@ def circuits_train_induction(
     seed: int = typer.Option(0, help="seed"),
 ):
     """Train the two-layer attention-only induction-head model (under a minute on 2 cores)."""
+    check_out(out)
     typer.echo(f"saved {train_induction_model(out, InductionConfig(steps=steps, seed=seed))}")
 
 
@@ -562,6 +590,7 @@ def jacobians_grok(
     workers: int = typer.Option(2, help="trainings run at once (processes, one thread each)"),
 ):
     """Steps to grok modular addition with weight decay alone and with the GrokAlign regularizer."""
+    check_out(out)
     from dataclasses import replace
 
     config = replace(CPU_CONFIG, **{k: v for k, v in {"p": p, "steps": steps}.items() if v is not None})
@@ -595,5 +624,36 @@ def study_predictors(
     typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 
+#: the errors an ordinary mistake raises (a typo, a missing file, a bad value): printed as one
+#: paragraph without a traceback. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, LookupError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``interp`` command: ``app`` with ordinary mistakes printed as one paragraph, exit code 2.
+    ``--debug`` (anywhere on the command line) shows the traceback instead."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=args, prog_name="interp", standalone_mode=False)
+    except typer.TyperException as err:  # usage errors: the parser's own message and usage line
+        if not hasattr(err, "show"):
+            raise
+        err.show()
+        return err.exit_code
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        return 1
+    except USER_ERRORS as err:
+        if debug:
+            raise
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        typer.echo(f"error: {message}\n(run with --debug for the traceback)", err=True)
+        return 2
+    return code if isinstance(code, int) else 0
+
+
 if __name__ == "__main__":  # pragma: no cover
-    app()
+    sys.exit(main())

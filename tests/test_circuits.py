@@ -509,7 +509,7 @@ def test_relation_pairs_pair_equal_lengths_with_different_answers():
     assert (pairs.clean.attention_mask.sum(-1) == pairs.corrupted.attention_mask.sum(-1)).all()
     assert (pairs.answer != pairs.wrong).all()
     assert relation_pairs(model, prompts, rel.answers, n=6, seed=0).answer.tolist() == pairs.answer.tolist()
-    with pytest.raises(ValueError, match="no two prompts of equal token length"):
+    with pytest.raises(ValueError, match="cannot build patching pairs"):
         relation_pairs(model, prompts[:1], rel.answers[:1], n=2)
     # the findings page's reading guide states the settings the saved tables were made with
     stats, curve = pd.DataFrame(), pd.DataFrame()

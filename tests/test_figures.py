@@ -116,3 +116,25 @@ def test_without_a_browser_static_export_is_skipped_with_one_clear_warning(tmp_p
     assert not (tmp_path / "a.png").exists()
     with pytest.raises(plots.ExportError):
         export(fig, tmp_path / "c", ("png",), missing_browser="raise")
+
+
+def test_head_heatmap_says_what_it_averages_or_plots_one_position():
+    """Per-position rows (ActivationPatching's default) are never averaged silently."""
+    import pandas as pd
+
+    from circuits import head_heatmap
+
+    rows = [
+        {"site": "z", "layer": l, "head": h, "position": p, "score": float(10 * l + h + p)}
+        for l in range(2)
+        for h in range(2)
+        for p in range(3)
+    ]
+    df = pd.DataFrame(rows)
+    fig = head_heatmap(df)
+    assert "mean over 3 positions" in fig.layout.title.text
+    one = head_heatmap(df, position=2)
+    assert "position 2" in one.layout.title.text and "mean" not in one.layout.title.text
+    assert one.data[0].z[1][1] == 10 + 1 + 2  # L1 H1 at position 2, not the mean
+    single = head_heatmap(df[df.position == 0])
+    assert "mean" not in single.layout.title.text

@@ -19,6 +19,14 @@ from lab.study import FinetuneConfig, StudyConfig
 from lab.study.config import design_for
 from lab.study.finetune import FinetuneSpec, finetune, finetune_group, group_size
 
+#: how far two fine-tunes that differ only in float rounding end apart (final loss, absolute).
+#: Measured by benchmarks/float_noise.py (base weights scaled by 1 + 2**-23 N(0, 1), which is what
+#: another CPU's reduction order does to them; 90 steps, the 3 fine-tunes of the group test below):
+#: full 6.3e-7, LoRA 3.4e-4 (its `diet` job; 5.9e-4 of its loss); grouped vs alone here 2.9e-5 and
+#: 1.4e-4 on another AMD EPYC (issue 59), where the old bound of 1e-4 failed. The bound is 6x the
+#: largest measured noise; held-out predictions agreed in full (>= 99.9% is asserted).
+LOSS_NOISE = 2e-3
+
 
 def _copies(module, n, seed=0):
     """``n`` copies of ``module`` with their trainable parameters moved apart (each its own job)."""
@@ -126,8 +134,8 @@ def _world_specs(names, seeds):
 def test_a_group_of_world_fine_tunes_equals_the_one_at_a_time_ones(method):
     """Three jobs (different relations, seeds; the first has 12 fine-tuning subjects, learns them
     in 10 steps and leaves while the others train on, so the group shrinks as it goes): the same
-    steps and training accuracy, losses within 1e-4, held-out predictions identical (the stated
-    tolerance: 99.9%)."""
+    steps and training accuracy, losses within float noise (LOSS_NOISE), held-out predictions
+    identical (the stated tolerance: 99.9%)."""
     from dataclasses import replace
 
     names = ["continent", "hand", "diet"]
@@ -139,7 +147,7 @@ def test_a_group_of_world_fine_tunes_equals_the_one_at_a_time_ones(method):
     for spec, name, (tuned_g, info_g) in zip(specs, names, grouped):
         tuned, info = finetune(model, spec.prompts, spec.labels, spec.label_set, method, config, spec.seed)
         assert info_g["steps"] == info["steps"] and info_g["train_accuracy"] == info["train_accuracy"]
-        assert abs(info_g["final_loss"] - info["final_loss"]) < 1e-4
+        assert abs(info_g["final_loss"] - info["final_loss"]) < LOSS_NOISE
         assert info_g["trainable_params"] == info["trainable_params"] and info_g["lr"] == info["lr"]
         a = tuned.logprobs(heldout[name], list(spec.label_set))
         b = tuned_g.logprobs(heldout[name], list(spec.label_set))
@@ -174,7 +182,7 @@ def test_group_size_is_bounded_by_jobs_and_memory(monkeypatch):
 
 @pytest.mark.slow
 def test_a_study_on_the_grouped_executor_equals_serial(tmp_path):
-    """Full and LoRA fine-tunes in groups: predictions identical, losses within 1e-4, every
+    """Full and LoRA fine-tunes in groups: predictions identical, losses within float noise, every
     statistic within 0.005 of the serial study (the issue's tolerances)."""
     from dataclasses import replace
 
@@ -195,7 +203,7 @@ def test_a_study_on_the_grouped_executor_equals_serial(tmp_path):
         tables[name] = {t: pd.read_csv(tmp_path / name / f"{t}.csv") for t in ("predictions", "finetunes", "stats")}
     a, b = tables["serial"], tables["grouped"]
     assert (a["predictions"].predicted_label == b["predictions"].predicted_label).mean() >= 0.999
-    assert (a["finetunes"].final_loss - b["finetunes"].final_loss).abs().max() < 1e-4
+    assert (a["finetunes"].final_loss - b["finetunes"].final_loss).abs().max() < LOSS_NOISE
     assert (a["finetunes"].steps == b["finetunes"].steps).all()
     numeric = a["stats"].select_dtypes("number").columns
     assert (a["stats"][numeric] - b["stats"][numeric]).abs().max().max() <= 0.005

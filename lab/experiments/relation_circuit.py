@@ -22,7 +22,6 @@ CPR and CMD) against random circuits of the same sizes.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import pandas as pd
@@ -30,7 +29,7 @@ import pandas as pd
 from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
 from circuits.faithfulness import Faithfulness
-from circuits.pairs import Pairs, make_pairs
+from circuits.pairs import Pairs, matched_pairs
 from lab.study.design import make_design
 from lab.study.finetune import FinetuneConfig, finetune
 from lab.world.vocab import LABELS
@@ -39,30 +38,10 @@ from lab.world.vocab import LABELS
 def relation_pairs(
     model, prompts: list[str], answers: list[str], n: int = 32, seed: int = 0, subjects: list[str] | None = None
 ) -> Pairs:
-    """``n`` (clean, corrupted) pairs from one relation: two subjects with equal token counts and
-    different answers; ``answer`` = the clean subject's answer, ``wrong`` = the corrupted one's."""
-    lengths = [len(e.ids) for e in model.encode(prompts)]
-    by_len: dict[int, list[int]] = {}
-    for i, length in enumerate(lengths):
-        by_len.setdefault(length, []).append(i)
-    rng = random.Random(seed)
-    order = list(range(len(prompts)))
-    rng.shuffle(order)
-    clean, corrupted, ans, wrong = [], [], [], []
-    for i in order:
-        others = [j for j in by_len[lengths[i]] if answers[j] != answers[i]]
-        if not others:
-            continue
-        j = rng.choice(others)
-        clean.append(prompts[i])
-        corrupted.append(prompts[j])
-        ans.append(answers[i])
-        wrong.append(answers[j])
-        if len(clean) == n:
-            break
-    if not clean:
-        raise ValueError("no two prompts of equal token length with different answers; cannot build patching pairs")
-    return make_pairs(model, clean, corrupted, answer=ans, wrong=wrong)
+    """``n`` (clean, corrupted) pairs from one relation (:func:`circuits.matched_pairs`): two
+    subjects with equal token counts and different answers; ``answer`` = the clean subject's
+    answer, ``wrong`` = the corrupted one's."""
+    return matched_pairs(model, prompts, answers, n=n, seed=seed)
 
 
 def component_scores(model, pairs: Pairs, progress: bool | None = None) -> pd.DataFrame:

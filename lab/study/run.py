@@ -162,8 +162,8 @@ def real_model_config(**overrides) -> StudyConfig:
 
 def default_config(model) -> StudyConfig:
     """The world study's configuration for the world model, :func:`real_model_config` for any other."""
-    return StudyConfig() if _is_world(model) else real_model_config()
+    return StudyConfig() if is_world(model) else real_model_config()
 
 
-def _is_world(model) -> bool:
+def is_world(model) -> bool:
     return world_checkpoint_of(model) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 from interp.relations import Relation
@@ -11,8 +12,17 @@ from .world import World
 
 def from_world(world: World, relations: Iterable[str] | None = None) -> list[Relation]:
     """The world's relations, prompted exactly as the world's corpus writes each fact."""
+    names = [r.name for r in world.spec.relations]
+    unknown = [n for n in relations or () if n not in world.relation]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], names, n=3, cutoff=0.5)
+        raise ValueError(
+            f"the world has no relation {unknown[0]!r}"
+            + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else "")
+            + f"; its relations: {', '.join(names)}"
+        )
     out = []
-    for name in relations or [r.name for r in world.spec.relations]:
+    for name in relations or names:
         q = world.queries(name)
         r = world.relation[name]
         out.append(
