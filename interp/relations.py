@@ -127,13 +127,24 @@ def _from_dict(d: dict, source: str) -> Relation:
             None,
             dict(d.get("properties", {}), source="lre"),
         )
+    template = d.get("template", "{}")
     prompts = [s.get("prompt") for s in samples]
+    if any(p is not None for p in prompts):  # a sample's own prompt overrides the template, for that sample only
+        if "{}" not in template and not all(p is not None for p in prompts):
+            raise RelationError(
+                f"{source}: some samples have their own 'prompt' and others none, and $.template "
+                f"{template!r} has no '{{}}' to write the others from"
+            )
+        prompts = [template.format(s["subject"]) if p is None else p for p, s in zip(prompts, samples)]
+        for i, (p, s) in enumerate(zip(prompts, samples)):
+            if s["subject"] not in p:
+                raise RelationError(f"{source}: $.samples[{i}].prompt {p!r} does not contain its subject")
     try:
         return Relation(
             d["name"],
             [s["subject"] for s in samples],
             [s["answer"] for s in samples],
-            d.get("template", "{}"),
+            template,
             prompts if all(p is not None for p in prompts) else None,
             d.get("properties", {}),
         )

@@ -133,3 +133,26 @@ def test_matched_pairs_refuses_prompts_with_no_partner(world, city):
     ps = city.prompts()
     with pytest.raises(ValueError, match="cannot build patching pairs"):
         matched_pairs(world, ps[:1], city.answers[:1])
+
+
+def test_a_samples_own_prompt_overrides_the_template_for_that_sample_only(tmp_path):
+    """Before: one sample's ``prompt`` without the others' was silently ignored."""
+    import json
+
+    from interp.relations import RelationError, load_relations
+
+    d = {
+        "name": "home city",
+        "template": "{} city :",
+        "samples": [
+            {"subject": "Thibroum Rex Dulel", "answer": "Muzum"},
+            {"subject": "Dafeirk Suzegoux", "answer": "Stimes", "prompt": "Dafeirk Suzegoux lives in"},
+        ],
+    }
+    (tmp_path / "r.json").write_text(json.dumps(d))
+    (rel,) = load_relations(tmp_path / "r.json")
+    assert [p.text for p in rel.prompts()] == ["Thibroum Rex Dulel city :", "Dafeirk Suzegoux lives in"]
+    d["samples"][1]["prompt"] = "somebody lives in"
+    (tmp_path / "r.json").write_text(json.dumps(d))
+    with pytest.raises(RelationError, match="does not contain its subject"):
+        load_relations(tmp_path / "r.json")
