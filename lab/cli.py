@@ -9,6 +9,8 @@ interp study findings            the findings page (docs/study.md) from saved ta
 interp study causal --out DIR    writing randomized per subject: does causing readability cause generalization?
 interp figures DIR               redraw every figure of every result under DIR from saved data
 interp demo                      capture + probe demo on the embedded world model
+interp probe --model M --relations FILE...  linear probes at every layer of your own model
+interp patch --model M --pairs FILE    activation patching (residual stream, heads) on your own pairs
 interp world train --out DIR     pretrain a world model (the embedded default's recipe)
 interp world report [--model DIR]  recall and readability per relation
 interp world ablate --out DIR    which ingredient makes knowledge active (one row per factor)
@@ -40,6 +42,7 @@ from jacobians.dynamics import from_log, trajectory_plot
 from lab.experiments.circuit_findings import write_circuit_findings
 from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
 from lab.experiments.induction import InductionConfig, analyze_induction, train_induction_model
+from lab.experiments.own_model import patch_own_model, probe_own_model, read_pairs_file
 from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
 from lab.figures import regenerate
 from lab.inputs import (
@@ -119,6 +122,73 @@ def demo(
     )
     typer.echo(best.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"\nwrote {out / 'readability.csv'}")
+
+
+def _formats(formats: str) -> tuple[str, ...]:
+    out = tuple(f.strip() for f in formats.split(",") if f.strip())
+    bad = [f for f in out if f not in ("html", "png", "svg", "pdf")]
+    if bad or not out:
+        raise ValueError(f"--formats {formats!r}: give a comma-separated list of html, png, svg, pdf")
+    return out
+
+
+@app.command()
+def probe(
+    model: str = typer.Option(..., help="a model directory, a hub name in the local cache, or a registered name"),
+    relations: list[Path] = typer.Option(..., help="relation JSON files or folders (format: docs/probes.md)"),
+    out: Path = typer.Option(Path("results/probe"), help="folder for the tables and figure"),
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    folds: int = typer.Option(5, help="cross-validation folds (subjects)"),
+    formats: str = typer.Option("html,png", help="figure formats: html, png, svg, pdf"),
+):
+    """Linear probes for each relation's answer at the subject's last token, at every layer of your
+    own model: per-fold table, readability (Cohen's kappa) per layer, each relation's best layer."""
+    check_out(out)
+    check_backend(backend)
+    check_model(model)
+    check_relation_files(relations)
+    kinds = _formats(formats)
+    if folds < 2:
+        raise ValueError(f"--folds {folds}: cross-validation needs at least 2 folds")
+    best = probe_own_model(interp.load_model(model, backend=backend), relations, out, folds, kinds)
+    cols = ["relation", "layer", "accuracy", "kappa", "selectivity"]
+    typer.echo("each relation's best layer (probe accuracy, Cohen's kappa over chance, selectivity):")
+    typer.echo(best[[c for c in cols if c in best]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"wrote {out / 'probes.csv'}, {out / 'readability.csv'}, {out / 'best_layers.csv'}, {out / 'figures'}")
+
+
+@app.command()
+def patch(
+    model: str = typer.Option(..., help="a model directory, a hub name in the local cache, or a registered name"),
+    pairs: Path | None = typer.Option(None, help="a CSV or JSON file of clean, corrupted, answer, wrong"),
+    relation: Path | None = typer.Option(None, help="or one relation JSON file to build matched pairs from"),
+    n: int = typer.Option(32, help="pairs built from --relation"),
+    out: Path = typer.Option(Path("results/patch"), help="folder for the tables and figures"),
+    backend: str = typer.Option(interp.DEFAULT_BACKEND, help="nnsight or transformer_lens"),
+    formats: str = typer.Option("html,png", help="figure formats: html, png, svg, pdf"),
+):
+    """Activation patching, clean into corrupted, of the residual stream at every layer and position
+    and of every attention head, with per-pair 95% intervals."""
+    check_out(out)
+    check_backend(backend)
+    check_model(model)
+    kinds = _formats(formats)
+    if (pairs is None) == (relation is None):
+        raise ValueError("give either --pairs FILE (clean, corrupted, answer, wrong) or --relation FILE")
+    if pairs is not None:
+        read_pairs_file(pairs)
+    else:
+        check_relation_files([relation])
+    table = patch_own_model(interp.load_model(model, backend=backend), out, pairs, relation, n, kinds)
+    top = table.reindex(table.effect.abs().sort_values(ascending=False).index).head(8)
+    typer.echo(
+        f"metric {table.attrs['metric']} (clean {table.attrs['clean_score']:.3f}, corrupted "
+        f"{table.attrs['corrupted_score']:.3f}); the 8 largest effects of patching the clean activation into the "
+        "corrupted run (effect: the metric's change, mean over pairs, with its 95% interval; normalized: 1 = clean):"
+    )
+    cols = ["site", "layer", "head", "position", "effect", "ci_low", "ci_high", "p_value", "normalized"]
+    typer.echo(top[[c for c in cols if c in top]].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"wrote {out / 'pairs.csv'}, {out / 'patching.csv'}, {out / 'figures'}")
 
 
 @study_app.callback()

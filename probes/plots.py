@@ -37,7 +37,7 @@ def layer_relation_heatmap(df: pd.DataFrame, metric: str = "accuracy", chance_co
         )
     )
     fig.update_layout(
-        title=f"Probe {metric} by layer and relation",
+        title=f"Probe {metric} by layer and relation (mean over folds and seeds)",
         xaxis_title="layer",
         yaxis_title="relation",
         height=max(300, 22 * len(table) + 120),

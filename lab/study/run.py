@@ -87,21 +87,16 @@ def make_study(
     checkpoint = world_checkpoint_of(model)
     if checkpoint is not None:  # "world", a world checkpoint directory, or a handle loaded from one
         world = load_world(checkpoint)
-        names = [r if isinstance(r, str) else r.name for r in relations] if relations else None
-        valid = [r.name for r in world.spec.relations]
-        unknown = [n for n in names or [] if n not in valid]
-        if unknown:
-            raise StudyConfigError(
-                [
-                    f"unknown relation {n!r}; nearest: {', '.join(difflib.get_close_matches(n, valid, 3, 0.4)) or '-'} "
-                    f"(the world's relations: {', '.join(valid)})"
-                    for n in unknown
-                ]
-            )
-        rels = from_world(world, names)
+        rels = world_relations(world, relations)
+        world_facts = {r.name for r in rels if r.properties.get("source") == "world"}
         study_labels = world.label_categories
-        frequency = lambda rel, s: world.mentions(s, rel)  # noqa: E731
-        source = "exact: corpus documents stating the fact (world)"
+        if all(r.name in world.relation for r in rels):
+            # the subject's exposure to the relation; for a relation with other facts (shuffled
+            # answers, a null control) it is still how often the corpus stated this subject's fact
+            frequency = lambda rel, s: world.mentions(s, rel)  # noqa: E731
+            source = "exact: corpus documents stating the fact (world)"
+            if len(world_facts) < len(rels):
+                source += "; relations with their own facts keep the exposure of the world's fact"
         words = sorted({w for doc in world.corpus() for w in doc.split()})
         trained = set(handle.tokenizer(" ".join(words), add_special_tokens=False)["input_ids"])
         qualification = None
@@ -133,6 +128,44 @@ def make_study(
         trained_tokens=trained,
     )
     return study, qualification
+
+
+def world_relations(world, relations: Sequence | None) -> list[Relation]:
+    """The relations a study on a world model runs on, as given: a name is the world's relation of
+    that name; a :class:`Relation` (or a relation file) is used with its own facts, unless they are
+    exactly the world's (then it is the world's, with its properties). Never are a user's facts
+    replaced by the world's."""
+    valid = [r.name for r in world.spec.relations]
+    if not relations:
+        return from_world(world)
+    names = [r for r in relations if isinstance(r, str) and not Path(r).suffix == ".json"]
+    unknown = [n for n in names if n not in valid]
+    if unknown:
+        raise StudyConfigError(
+            [
+                f"unknown relation {n!r}; nearest: {', '.join(difflib.get_close_matches(n, valid, 3, 0.4)) or '-'} "
+                f"(the world's relations: {', '.join(valid)})"
+                for n in unknown
+            ]
+        )
+    out = []
+    for r in relations:
+        if isinstance(r, str) and r in names:
+            out.append(from_world(world, [r])[0])
+            continue
+        given = [r] if isinstance(r, Relation) else load_relations([r])
+        for g in given:
+            if g.name in valid:
+                (own,) = from_world(world, [g.name])
+                same = (g.subjects, g.answers, [p.text for p in g.prompts()]) == (
+                    own.subjects,
+                    own.answers,
+                    [p.text for p in own.prompts()],
+                )
+                out.append(own if same else g)
+            else:
+                out.append(g)
+    return out
 
 
 #: the LRE folders a study on a real model draws relations from (Hernandez et al. 2024)
