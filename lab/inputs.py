@@ -13,6 +13,7 @@ from pathlib import Path
 
 import interp
 from interp.models import ModelNotFoundError, registered_models, resolve_path
+from lab.world import load_world
 
 #: the executors ``interp study --executor`` takes (:func:`lab.executors.executor_for`)
 EXECUTORS = ("serial", "processes", "grouped", "ray")
@@ -81,8 +82,6 @@ def check_methods(methods: str) -> tuple[str, ...]:
 def check_world_relations(names, world=None) -> list[str]:
     """Relation names of the (default) world, each checked against its list."""
     if world is None:
-        from lab.world import load_world
-
         world = load_world()
     known = [r.name for r in world.spec.relations]
     for name in names:

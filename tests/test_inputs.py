@@ -37,8 +37,8 @@ def test_token_ids_and_masks_capture_what_text_does(model_dirs, backend):
 
 def test_patching_pairs_take_the_same_kinds(model_dirs):
     model = interp.load_model(model_dirs["gpt2"])
-    enc = model.tokenizer(["the city is", "a town is"], return_tensors="pt")
-    a = make_pairs(model, ["the city is"], ["a town is"])
+    enc = model.tokenizer(["the city is", "a country is"], return_tensors="pt")
+    a = make_pairs(model, ["the city is"], ["a country is"])
     b = make_pairs(
         model, enc["input_ids"][:1], {"input_ids": enc["input_ids"][1:], "attention_mask": enc["attention_mask"][1:]}
     )

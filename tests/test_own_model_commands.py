@@ -40,9 +40,10 @@ def test_interp_patch_on_a_pairs_file_and_on_a_relation(files, tmp_path, capsys)
     assert main(["patch", "--model", "world", "--pairs", str(files / "pairs.csv"), "--out", str(out)]) == 0
     table = pd.read_csv(out / "patching.csv")
     assert set(table.site) == {"resid_pre", "z"} and table.effect.notna().all()
-    # patching every position of the first residual stream restores the clean run
-    first = table[(table.site == "resid_pre") & (table.layer == 0)]
-    assert first.normalized.max() > 0.99
+    # at the first residual stream, the positions where both prompts have the same tokens change
+    # nothing when patched; the name's tokens carry the difference
+    first = table[(table.site == "resid_pre") & (table.layer == 0)].set_index("position")
+    assert first.loc[[2, 3], "effect"].abs().max() < 1e-5 and first.loc[[0, 1], "normalized"].max() > 0.5
     assert (out / "figures" / "heads.html").exists() and (out / "figures" / "positions.html").exists()
     assert "largest effects" in capsys.readouterr().out
     out2 = tmp_path / "patch2"
