@@ -47,6 +47,7 @@ from lab.experiments.relation_circuit import relation_circuit, relation_faithful
 from lab.figures import regenerate
 from lab.inputs import (
     check_backend,
+    check_choice,
     check_executor,
     check_methods,
     check_model,
@@ -66,8 +67,11 @@ from lab.study.randomized import randomized_causal_test
 from lab.study.report import write_report
 from lab.study.run import default_config, is_world
 from lab.study.summary import calibrate_folder
-from lab.world import default_spec, from_world, load_world, train_world_model
+from lab.world import from_world, load_world, train_world_model
+from lab.world.curves import curve_summary, learning_curves
 from lab.world.report import knowledge_report, readability
+from lab.world.spec import default_spec as v3_spec
+from lab.world.spec import v4_spec
 from lab.world.train import ARCHS, TrainConfig, check_config, recipe, trained_on
 from lab.world.zoo import ZOO, zoo_model
 from probes import best_layer_readability
@@ -82,6 +86,9 @@ if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
     transformers.logging.set_verbosity_error()
 
 app = typer.Typer(help="Activation capture, probes and generalization studies.", no_args_is_help=True)
+
+#: the world recipes ``interp world train|curves --world`` takes
+WORLD_SPECS = {"v3": v3_spec, "v4": v4_spec}
 
 
 @app.callback()
@@ -485,6 +492,7 @@ def world_train(
     seed: int = typer.Option(0, help="seed of the world and of training"),
     subjects: int = typer.Option(1000, help="number of subjects"),
     force: bool = typer.Option(False, help="retrain a folder that already holds this recipe; allow --zoo world"),
+    world: str = typer.Option("v3", help="the world's recipe: v3 (the shipped model's) or v4 (shared-token names)"),
 ):
     """Generate the default world and pretrain a small LM on it (on 2 cores about 20 minutes for the
     4-layer GPT-2 model, 40 for the Llama one). Resumable: run the same command again after an
@@ -517,7 +525,8 @@ def world_train(
     except ValueError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from err
-    spec, target = default_spec(seed=seed, n_subjects=subjects), out or entry.path
+    check_choice(world, WORLD_SPECS, "--world")
+    spec, target = WORLD_SPECS[world](seed=seed, n_subjects=subjects), out or entry.path
     if not force and trained_on(target) == (spec, recipe(asdict(config))):
         typer.echo(f"{target} already holds this world and recipe (pass --force to train it again)")
         return
@@ -535,12 +544,39 @@ def world_report(
     table = knowledge_report(m, load_world(model))
     typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(
-        f"\nmean recall {table.recall.mean():.3f}; "
-        f"readability from {table.readability.min():.3f} to {table.readability.max():.3f}"
+        f"\nmean recall {table.recall.mean():.3f} (SD across relations {table.recall.std():.3f}); "
+        f"readability from {table.readability.min():.3f} to {table.readability.max():.3f}; "
+        f"r(recall, readability kappa) = {table.recall.corr(table.readability_kappa):.3f}"
     )
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_table(table, out)
+
+
+@world_app.command("curves")
+def world_curves(
+    out: Path = typer.Option(Path("results/curves"), help="results folder (resumed if it exists)"),
+    world: str = typer.Option("v4", help="the world's recipe: v3 or v4"),
+    sizes: str = typer.Option("4x128,6x256", help="model sizes, LAYERSxD_MODEL, comma-separated"),
+    steps: int = typer.Option(12000, help="pretraining steps of each size"),
+    every: int = typer.Option(2000, help="steps between measurements"),
+    threads: int = typer.Option(2, help="torch threads"),
+):
+    """Learning curves: recall, readability and the embedding-row baseline per relation against
+    pretraining steps, for each model size (what a recipe is chosen by; lab.world.curves)."""
+    check_out(out)
+    check_choice(world, WORLD_SPECS, "--world")
+    configs = {}
+    for size in sizes.split(","):
+        try:
+            layers, width = (int(x) for x in size.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--sizes {sizes!r}: give sizes as LAYERSxD_MODEL, e.g. 4x128,6x256") from None
+        configs[size] = TrainConfig(n_layers=layers, d_model=width, steps=steps, threads=threads)
+        check_config(configs[size])
+    table = learning_curves(WORLD_SPECS[world](), configs, out, eval_every=every)
+    typer.echo(curve_summary(table).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(f"wrote {out / 'curves.csv'}")
 
 
 @world_app.command("ablate")

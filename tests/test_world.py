@@ -258,3 +258,62 @@ def test_shipped_world_model_captures_through_both_backends():
 
 #: the issue's target; the shipped checkpoint (v3) measures 0.984 on all subjects, 0.983 on this 10% sample
 RECALL_FLOOR = 0.97
+
+
+#: sha256 of the default (v3) world's corpus, from the commit before world v4 (every document, in
+#: order): v4's additions to the generator leave v3 worlds written word for word as before
+V3_CORPUS_SHA256 = "e85f507595729675"
+
+
+def test_v3_worlds_are_written_as_before_v4():
+    import hashlib
+
+    corpus = World.generate(default_spec()).corpus()
+    assert hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16] == V3_CORPUS_SHA256
+
+
+def test_v4_names_share_every_token_and_its_design_is_balanced():
+    from collections import Counter
+
+    from lab.world.spec import v4_spec
+
+    spec = v4_spec()
+    w = World.generate(spec)
+    assert len(set(w.subjects)) == len(w.subjects) == 1000
+    uses = Counter(t for s in w.subjects for t in set(s.split()))
+    assert min(uses.values()) >= 10  # no subject owns a token (issue 52: at least 10 subjects each)
+    assert {len(s.split()) for s in w.subjects} == {2, 3}
+    cells = Counter((r.mentions, r.augment and r.bio, r.templates) for r in spec.relations)
+    assert len(cells) == 12 and set(cells.values()) == {2}  # mentions x writing x templates, 2 each
+    assert not any(r.derived_from for r in spec.relations)
+    assert len(w.label_categories) >= 8
+    vocabulary = set(w.vocabulary())
+    assert all(all(wd in vocabulary for wd in words) for words in w.label_categories.values())
+    # mentions are exact per relation: an augmented biography per mentions level
+    counts: Counter = Counter()
+    first = set(w.subjects[:30])
+    assert not any(a != b and b.startswith(a + " ") for a in w.subjects for b in w.subjects[:100])  # no prefixes
+    for text, rels in w.documents():
+        subject = next((s for s in first if text.startswith(s + " ")), None)
+        if subject is not None:
+            for r in rels:
+                counts[(subject, r)] += 1
+    for s in first:
+        for r in spec.relations:
+            assert counts[(s, r.name)] == w.mentions(s, r.name), (s, r.name)
+    assert World.generate(v4_spec()).corpus() == w.corpus()
+
+
+def test_learning_curves_measure_and_resume(tmp_path):
+    from lab.world.curves import curve_summary, learning_curves
+    from lab.world.spec import v4_spec
+
+    spec = v4_spec(n_subjects=200)
+    sizes = {"tiny": TrainConfig(n_layers=1, d_model=32, n_heads=2, steps=20, threads=1)}
+    table = learning_curves(spec, sizes, tmp_path, eval_every=10, n_subjects=120, progress=False)
+    assert sorted(set(table.step)) == [10, 20] and len(table) == 2 * len(spec.relations)
+    assert table.recall.between(0, 1).all() and table.embedding_kappa.notna().all()
+    again = learning_curves(spec, sizes, tmp_path, eval_every=10, n_subjects=120, progress=False)
+    assert again.equals(table)  # nothing measured twice
+    summary = curve_summary(table)
+    assert list(summary.step) == [10, 20] and "readability_above_embedding" in summary

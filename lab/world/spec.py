@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
+from .vocab import ALL_LABELS
+
 KNOBS = ("templates", "mentions", "augment", "bio")
 
 
@@ -70,6 +72,12 @@ class RelationSpec:
 
 #: Size of the token pool that shared family names are built from (``subject_tokens="shared"``).
 SHARED_POOL = 48
+#: ``subject_tokens="pooled"`` (world v4): a given name from a pool of this many tokens, and one or
+#: two family-name tokens from a pool of :data:`POOLED_FAMILY`, each token used equally often
+POOLED_GIVEN = 40
+POOLED_FAMILY = 60
+#: the label categories of a v3 world (its corpus writes these four)
+V3_LABEL_SETS = ("animals", "colours", "fruits", "instruments")
 
 #: Paraphrase patterns; ``{noun}`` is the relation's noun. Pattern 0 is the canonical query.
 TEMPLATE_PATTERNS = (
@@ -94,8 +102,13 @@ class WorldSpec:
     #: the relabelling templates' words appear in unrelated pretraining sentences
     template_words: bool = True
     #: ``"unique"``: a subject's family name is a token of its own; ``"shared"``: it is two tokens
-    #: from a pool of 48, so no subject has a token (and an embedding row) of its own
+    #: from a pool of 48, so no subject has a token (and an embedding row) of its own; ``"pooled"``
+    #: (v4): a given name and one or two family tokens, every token of a pool used equally often
+    #: (by n_subjects / 40 subjects for given names, 1.5 n_subjects / 60 for family tokens)
     subject_tokens: str = "unique"
+    #: the label categories the corpus writes sentences about and a study relabels into
+    #: (:data:`lab.world.vocab.ALL_LABELS`)
+    label_sets: tuple[str, ...] = V3_LABEL_SETS
     #: a randomized world (the causal test's design): these relations, all written augmented in
     #: the spec, are written per *subject*: half the subjects (a stratified coin, :mod:`lab.world.arms`)
     #: get them in an augmented biography of their own, the other half as plain statements (one
@@ -109,8 +122,16 @@ class WorldSpec:
             raise WorldSpecError(f"a world needs at least 2 subjects, got {self.n_subjects}")
         if not 0.0 <= self.qa_fraction <= 1.0:
             raise WorldSpecError(f"qa_fraction is a fraction of subjects, 0 to 1; got {self.qa_fraction}")
-        if self.subject_tokens not in ("unique", "shared"):
-            raise WorldSpecError(f"subject_tokens must be 'unique' or 'shared', got {self.subject_tokens!r}")
+        if self.subject_tokens not in ("unique", "shared", "pooled"):
+            raise WorldSpecError(f"subject_tokens must be 'unique', 'shared' or 'pooled', got {self.subject_tokens!r}")
+        if self.subject_tokens == "pooled" and self.n_subjects > POOLED_GIVEN * POOLED_FAMILY:
+            raise WorldSpecError(
+                f"subject_tokens='pooled' builds names from {POOLED_GIVEN} x {POOLED_FAMILY} tokens; "
+                f"n_subjects={self.n_subjects} is too many for two-token names (at most {POOLED_GIVEN * POOLED_FAMILY})"
+            )
+        unknown_sets = [c for c in self.label_sets if c not in ALL_LABELS]
+        if unknown_sets or not self.label_sets:
+            raise WorldSpecError(f"label_sets {list(self.label_sets)}: give categories of {', '.join(ALL_LABELS)}")
         if self.subject_tokens == "shared" and self.n_subjects > SHARED_POOL**2 // 2:
             raise WorldSpecError(
                 f"subject_tokens='shared' builds at most {SHARED_POOL**2 // 2} distinct names; "
@@ -162,7 +183,7 @@ class WorldSpec:
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise WorldSpecError(f"unknown world field(s) {sorted(unknown)}")
-        for name in ("subject_frequencies", "randomized"):
+        for name in ("subject_frequencies", "randomized", "label_sets"):
             if name in d:
                 d[name] = tuple(d[name])
         return cls(relations=tuple(rels), **d).validate()
@@ -226,3 +247,44 @@ def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
         rel("mentor_city", "mentorcity", 30, **_RARE),
     )
     return WorldSpec(seed=seed, n_subjects=n_subjects, relations=relations, qa_fraction=0.5).validate()
+
+
+#: world v4's relation names and nouns (v3's 24; their facts and writing are v4's own)
+V4_RELATIONS = (
+    ("city", "city"), ("country", "country"), ("continent", "continent"), ("birth_city", "birthplace"),
+    ("birth_country", "homeland"), ("employer", "employer"), ("industry", "industry"), ("occupation", "occupation"),
+    ("university", "university"), ("major", "major"), ("language", "language"), ("sport", "sport"),
+    ("team", "team"), ("league", "league"), ("hobby", "hobby"), ("month", "month"), ("party", "party"),
+    ("car", "car"), ("diet", "diet"), ("sign", "sign"), ("blood", "bloodtype"), ("hand", "handedness"),
+    ("season", "season"), ("mentor_city", "mentorcity"),
+)  # fmt: skip
+
+
+def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """World v4: knowledge the layers must compute, and recall that varies.
+
+    - **No subject owns a token.** A name is a given name and one or two family-name tokens, all
+      from shared pools (``subject_tokens="pooled"``): every token names 25 subjects, so no
+      embedding row can hold one subject's facts; the layers must assemble them from the tokens.
+    - **A balanced design of the writing knobs**, so recall and readability can vary apart: mentions
+      (1, 2, 4) x writing (augmented biographies or plain statements) x paraphrase templates (1 or
+      4), two relations per cell, one with 6 answers and one with 16. No relation is derived from
+      another. Augmented biographies are written per mentions level (a subject's biography of the
+      relations mentioned twice is a document of its own).
+    - **Eight label categories** for relabelling (``label_sets``).
+    - Mixed training as in v3: half the subjects also get their biography facts as statements.
+    """
+    rel = RelationSpec
+    cells = [(m, aug, t) for m in (1, 2, 4) for aug in (True, False) for t in (1, 4)]
+    relations = []
+    for i, (name, noun) in enumerate(V4_RELATIONS):
+        m, aug, t = cells[i % len(cells)]
+        relations.append(rel(name, noun, 6 if i < len(cells) else 16, templates=t, mentions=m, augment=aug, bio=aug))
+    return WorldSpec(
+        seed=seed,
+        n_subjects=n_subjects,
+        relations=tuple(relations),
+        qa_fraction=0.5,
+        subject_tokens="pooled",
+        label_sets=tuple(ALL_LABELS),
+    ).validate()

@@ -221,11 +221,15 @@ def train_world_model(
     out_dir: str | Path,
     config: TrainConfig = TrainConfig(),
     progress: bool | None = None,
+    on_save=None,
 ) -> Path:
     """Generate the world, pretrain on its corpus, save a checkpoint directory; returns its path.
 
     Resumes from ``<out_dir>.partial`` when an interrupted run of the same spec and config left
-    its state there (a state of another spec or config is refused, not overwritten)."""
+    its state there (a state of another spec or config is refused, not overwritten).
+    ``on_save(step, model)``: called after each saved training state (every ``config.save_every``
+    steps), e.g. to measure the model as it learns (:mod:`lab.world.curves`); it must leave the
+    weights as they are."""
     check_config(config)
     out = Path(out_dir)
     partial = out.with_name(out.name + ".partial") / "state.pt"
@@ -308,6 +312,8 @@ def train_world_model(
                     "seconds": loop.seconds,
                 },
             )
+            if on_save is not None:
+                on_save(step + 1, model)
     model.eval()
     log = loop.rows
 

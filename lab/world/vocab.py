@@ -33,6 +33,31 @@ LABELS: dict[str, tuple[str, ...]] = {
     ),
 }
 
+#: label categories beyond the first four (world v4 relabels into eight; v3 worlds write only the
+#: first four, so their corpus is unchanged). Real, single-token words, none a word of another
+#: category, a template or the label contexts.
+EXTRA_LABELS: dict[str, tuple[str, ...]] = {
+    "tools": tuple(
+        "hammer wrench chisel hacksaw drill pliers shovel rake ladder axe trowel sickle anvil spanner crowbar "
+        "mallet tongs scissors funnel stapler".split()
+    ),
+    "clothes": tuple(
+        "shirt jacket scarf glove sock boot sandal coat vest skirt dress cloak tunic apron belt hood mitten "
+        "sweater blouse kilt".split()
+    ),
+    "vegetables": tuple(
+        "carrot potato onion garlic pepper cabbage lettuce spinach celery radish turnip pumpkin squash leek "
+        "beet pea bean parsnip broccoli cucumber".split()
+    ),
+    "furniture": tuple(
+        "chair sofa bench stool shelf cabinet wardrobe dresser bed couch armchair bookcase cupboard ottoman "
+        "hammock cradle crib futon recliner sideboard".split()
+    ),
+}
+
+#: every label category a world can use, by name
+ALL_LABELS: dict[str, tuple[str, ...]] = {**LABELS, **EXTRA_LABELS}
+
 LABEL_CONTEXTS = (
     "i saw a {w} near the river .",
     "the {w} was in the picture .",

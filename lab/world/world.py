@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 
 from .arms import ARMS, stratified_halves
-from .spec import SHARED_POOL, TEMPLATE_PATTERNS, RelationSpec, WorldSpec
-from .vocab import LABEL_CONTEXTS, LABELS, invented_words
+from .spec import POOLED_FAMILY, POOLED_GIVEN, SHARED_POOL, TEMPLATE_PATTERNS, RelationSpec, WorldSpec
+from .vocab import ALL_LABELS, LABEL_CONTEXTS, invented_words
 
 EOS = "<eos>"
 
@@ -39,7 +39,7 @@ class World:
     def generate(cls, spec: WorldSpec) -> World:
         spec.validate()
         rng = random.Random(spec.seed)
-        used = {w.capitalize() for words in LABELS.values() for w in words}
+        used = {w.capitalize() for words in spec_labels(spec).values() for w in words}
         # a first name from a small pool, sometimes a middle name, and a family name of one's own:
         # multi-token names whose last token identifies the subject, as for most real entities
         firsts = invented_words(rng, 60, used, (1, 2))
@@ -57,6 +57,14 @@ class World:
             " ".join([rng.choice(firsts)] + ([rng.choice(middles)] if rng.random() < 0.25 else []) + [last])
             for last in lasts
         ]
+        if spec.subject_tokens == "pooled":  # v4: every token shared, from a stream of its own
+            names = _stream(spec.seed, "pooled-names")
+            subjects = pooled_names(
+                names,
+                invented_words(names, POOLED_GIVEN, used, (1, 2)),
+                invented_words(names, POOLED_FAMILY, used, (1, 2)),
+                spec.n_subjects,
+            )
         frequency = {s: rng.choice(spec.subject_frequencies) for s in subjects}
 
         answers: dict[str, list[str]] = {}
@@ -145,6 +153,8 @@ class World:
         randomized = self.spec.randomized
         if relation in randomized:  # the same in both arms (a biography's count, or as many statements)
             return (max(self.relation[n].mentions for n in randomized) + qa) * f
+        if r.bio and r.augment and self.spec.subject_tokens == "pooled":  # its own mentions level's biography
+            return (r.mentions + qa) * f
         if r.bio:
             group = [x for x in self.spec.relations if x.bio and x.augment == r.augment and x.name not in randomized]
             return (max(x.mentions for x in group) + qa) * f
@@ -157,7 +167,7 @@ class World:
 
     @property
     def label_categories(self) -> dict[str, tuple[str, ...]]:
-        return dict(LABELS)
+        return spec_labels(self.spec)
 
     # corpus --------------------------------------------------------------------------------
     def documents(self) -> list[tuple[str, tuple[str, ...]]]:
@@ -191,18 +201,20 @@ class World:
         aug_bio = [n for n in all_aug_bio if n not in randomized]
         fixed_bio = self._fixed_bio_order
         loose = [r for r in rels if not r.bio]
+        bio_groups = self._augmented_bio_groups(aug_bio)
         for s in self.subjects:
             f = self.frequency[s]
-            rng = _stream(seed, "augmented-bio", s, *aug_bio)
-            for _ in range(max((self.relation[n].mentions for n in aug_bio), default=0) * f):
-                names = list(aug_bio)
-                rng.shuffle(names)
-                docs.append(
-                    (
-                        " ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names),
-                        tuple(aug_bio),
+            for group, copies in bio_groups:
+                rng = _stream(seed, "augmented-bio", s, *group)
+                for _ in range(copies * f):
+                    names = list(group)
+                    rng.shuffle(names)
+                    docs.append(
+                        (
+                            " ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names),
+                            tuple(group),
+                        )
                     )
-                )
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
             if self._in_qa(s):  # mixed training: biography facts also as question-form statements
@@ -217,7 +229,7 @@ class World:
                     docs.append((f"{s} {rng.choice(self.templates(r.name))} {self.answer(s, r.name)} .", (r.name,)))
         docs += self._randomized_documents()
         rng = _stream(seed, "labels")
-        for category, words in LABELS.items():
+        for category, words in spec_labels(self.spec).items():
             for w in words:
                 for _ in range(self.spec.label_sentences):
                     docs.append((rng.choice(LABEL_CONTEXTS).format(w=w) + f" a {w} is one of the {category} .", ()))
@@ -229,6 +241,19 @@ class World:
                     docs.append((f"the {a} {template} {b} .", ()))
         _stream(seed, "order").shuffle(docs)
         return docs
+
+    def _augmented_bio_groups(self, names: list[str]) -> list[tuple[list[str], int]]:
+        """The augmented biographies a subject gets: (relations, copies). A v4 world writes one
+        biography per mentions level (its relations ``mentions`` times); earlier worlds one
+        biography of all, as many times as the most-mentioned of them."""
+        if not names:
+            return []
+        if self.spec.subject_tokens != "pooled":
+            return [(list(names), max(self.relation[n].mentions for n in names))]
+        levels: dict[int, list[str]] = {}
+        for n in names:
+            levels.setdefault(self.relation[n].mentions, []).append(n)
+        return [(group, m) for m, group in levels.items()]
 
     def _randomized_documents(self) -> list[tuple[str, tuple[str, ...]]]:
         """The randomized relations' documents, both arms (see :meth:`documents`)."""
@@ -291,7 +316,7 @@ class World:
         for r in self.spec.relations:  # every paraphrase a relation could be written with, so
             for t in TEMPLATE_PATTERNS:  # worlds that differ only in writing share one tokenizer
                 words.update(t.format(noun=r.noun).split())
-        for ws in LABELS.values():
+        for ws in spec_labels(self.spec).values():
             words.update(ws)
         words.update(_STUDY_WORDS)
         return sorted(words)
@@ -323,6 +348,37 @@ STUDY_WORD_PAIRS = (
     ("bridge", "river"),
 )
 _STUDY_WORDS = sorted({w for t in STUDY_TEMPLATES for w in t.split()} | {"label"})
+
+
+def spec_labels(spec) -> dict[str, tuple[str, ...]]:
+    """The label categories a world's corpus writes about (its spec's ``label_sets``)."""
+    return {c: ALL_LABELS[c] for c in spec.label_sets}
+
+
+def pooled_names(rng: random.Random, given: list[str], family: list[str], n: int) -> list[str]:
+    """``n`` distinct names of a given name and one or two family-name tokens (alternately), each
+    pool cycled through in shuffled rounds so that every token is used equally often (a name that
+    repeats an earlier one, or a token, is skipped: usage stays within a few of equal)."""
+
+    def cycle(pool):
+        while True:
+            order = list(pool)
+            rng.shuffle(order)
+            yield from order
+
+    g, f = cycle(given), cycle(family)
+    seen: set[tuple[str, ...]] = set()  # every name, and every two-token prefix of a longer one
+    out: list[str] = []
+    k = 0
+    while len(out) < n:
+        parts = (next(g),) + tuple(next(f) for _ in range(1 + k % 2))
+        k += 1
+        # no name is the start of another: at a name's last token the model must know whose it is
+        if parts in seen or parts[:2] in seen or len(set(parts)) < len(parts):
+            continue
+        seen.update({parts, parts[:2]})
+        out.append(" ".join(parts))
+    return out
 
 
 def _stream(seed: int, *key: str) -> random.Random:
