@@ -178,9 +178,14 @@ class AnswerLogprob(Metric):
 
 
 class FunctionMetric(Metric):
-    def __init__(self, fn: Callable, name: str | None = None):
+    """A user's function as a metric. Pairs with a multi-token answer are refused unless
+    ``multi_token=True`` says the function reads ``pairs.answer_tokens`` (``pairs.answer`` holds
+    only each answer's first token)."""
+
+    def __init__(self, fn: Callable, name: str | None = None, multi_token: bool = False):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "metric")
+        self.multi_token = multi_token
         try:
             params = [
                 p
@@ -190,6 +195,14 @@ class FunctionMetric(Metric):
             self._with_pairs = len(params) >= 2
         except (TypeError, ValueError):
             self._with_pairs = False
+
+    def check(self, pairs):
+        if pairs.multi_token and not self.multi_token:
+            raise MetricError(
+                f"metric {self.name!r}: these pairs have multi-token answers, and pairs.answer holds only their "
+                "first tokens; read pairs.answer_tokens and wrap the function as as_metric(fn, multi_token=True), "
+                "or use metric='answer_logprob'"
+            )
 
     def __call__(self, logits, pairs):
         return self.fn(logits, pairs) if self._with_pairs else self.fn(logits)
@@ -219,8 +232,9 @@ BUILTIN = {
 }
 
 
-def as_metric(metric) -> Metric:
-    """A :class:`Metric` from a built-in name, a Metric, or a function of ``logits`` (and ``pairs``)."""
+def as_metric(metric, multi_token: bool = False) -> Metric:
+    """A :class:`Metric` from a built-in name, a Metric, or a function of ``logits`` (and ``pairs``;
+    ``multi_token=True``: the function reads ``pairs.answer_tokens``, see :class:`FunctionMetric`)."""
     if isinstance(metric, Metric):
         return metric
     if isinstance(metric, str):
@@ -234,7 +248,7 @@ def as_metric(metric) -> Metric:
             )
         return BUILTIN[metric]()
     if callable(metric):
-        return FunctionMetric(metric)
+        return FunctionMetric(metric, multi_token=multi_token)
     raise TypeError(
         f"a metric must be a name {sorted(BUILTIN)}, a Metric or a function of logits; got {type(metric).__name__}"
     )

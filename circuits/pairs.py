@@ -163,10 +163,14 @@ def _refuse_unknown(model, prompt: Prompt, enc: Encoded, where: str) -> None:
         return
     words = []
     for i, o in zip(enc.ids, enc.offsets):
-        if i == unk:
+        # a special token added by the tokenizer (no characters) or written out in the text
+        # (GPT-2's unknown token is its <|endoftext|>) is not an unknown word
+        if i == unk and o[1] > o[0] and prompt.text[o[0] : o[1]] != model.tokenizer.unk_token:
             w = _word_at(prompt.text, *o)
             if w and w not in words:
                 words.append(w)
+    if not words:
+        return
     raise UnknownTokenError(
         f"{where} {prompt.text!r}: {', '.join(map(repr, words)) or 'a word'} "
         f"{'is' if len(words) == 1 else 'are'} not in the model's vocabulary and would be read as the unknown "
@@ -193,6 +197,8 @@ def _answer_tokens(model, answers, n: int, what: str) -> tuple[Tensor, tuple[tup
             continue
         if not isinstance(a, str):
             raise TypeError(f"{what} {a!r} (pair {i}): give each answer as a word (str) or a token id (int)")
+        if not a.strip():
+            raise AnswerError(f"{what} of pair {i} is empty ({a!r}); give a word or a token id")
         text = " " + str(a).lstrip()
         toks = tuple(model.tokenizer(text, add_special_tokens=False)["input_ids"])
         if not toks:
@@ -305,9 +311,10 @@ def matched_pairs(
     """Clean/corrupted pairs from prompts that differ in one subject: each (shuffled) prompt is
     paired with another of the same token count and a different answer, checked token by token.
 
-    ``prompts``: strings or :class:`interp.Prompt` with ``subject=`` (the relation prompts of
-    :mod:`interp.relations` are). Where both prompts name their subject, they must agree on every
-    token outside it (a subject that changes the tokenization of the text around it is skipped).
+    ``prompts``: :class:`interp.Prompt` with ``subject=`` (the relation prompts of
+    :mod:`interp.relations` are), or strings. Where both prompts name their subject, they must
+    agree on every token outside it (a subject that changes the tokenization of the text around it
+    is skipped); plain strings have no subject to check against, so only their lengths are matched.
     ``answer`` of a pair is the clean prompt's answer, ``wrong`` the corrupted one's. ``n``: at
     most this many pairs (default: one per prompt that has a partner). The same ``seed`` gives the
     same pairs.
@@ -318,6 +325,8 @@ def matched_pairs(
     answers = [str(a) for a in answers]
     if len(prompts) != len(answers):
         raise ValueError(f"got {len(prompts)} prompts but {len(answers)} answers; give one answer per prompt")
+    # answers compared as the model reads them ("city" and " city" are one answer)
+    tokens = {a: tuple(model.tokenizer(" " + a.lstrip(), add_special_tokens=False)["input_ids"]) for a in set(answers)}
     enc = model.encode(prompts)
     for i, (p, e) in enumerate(zip(prompts, enc)):
         _refuse_unknown(model, p, e, f"prompt {i}")
@@ -336,7 +345,7 @@ def matched_pairs(
         others = [
             j
             for j in by_len[len(enc[i])]
-            if answers[j] != answers[i]
+            if tokens[answers[j]] != tokens[answers[i]]
             and (
                 spans[i] is None
                 or spans[j] is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -235,7 +236,12 @@ def study(
     method_names = check_methods(methods)
     check_model(model)
     if relations:
-        check_world_relations(relations) if is_world(model) else check_relation_files(relations)
+        files = [r for r in relations if r.endswith(".json") or Path(r).exists()]
+        check_relation_files(files)
+        if is_world(model):
+            check_world_relations([r for r in relations if r not in files])
+        elif len(files) < len(relations):
+            check_relation_files([r for r in relations if r not in files])  # names only exist on the world
 
     cfg = replace(default_config(model), n_finetune=n_finetune, methods=method_names)
     if quick:
@@ -497,7 +503,8 @@ def world_train(
     """Generate the default world and pretrain a small LM on it (on 2 cores about 20 minutes for the
     4-layer GPT-2 model, 40 for the Llama one). Resumable: run the same command again after an
     interruption."""
-    check_out(out)
+    if out is not None:
+        check_out(out)
     if zoo is None and out is None:
         typer.echo("pass --out DIR (a new checkpoint) or --zoo NAME (a zoo model, into its shipped folder)", err=True)
         raise typer.Exit(2)
@@ -629,7 +636,7 @@ def circuits_relation(
     check_world_relations([relation])
     check_out(out)
     check_backend(backend)
-    check_methods(method)
+    check_choice(method, ("full", "lora"), "--method")
     m = interp.load_model("world", backend=backend)
     (rel,) = from_world(load_world(), [relation])
     stages = relation_stages(m, rel, n_pairs=pairs, category=category, method=method)
@@ -731,8 +738,22 @@ def study_predictors(
 
 
 #: the errors an ordinary mistake raises (a typo, a missing file, a bad value): printed as one
-#: paragraph without a traceback. Anything else is a bug and keeps its traceback.
+#: paragraph without a traceback when our own code raised them (a check that says what to do).
+#: Raised inside another library they may be a bug: one paragraph with the error's type and
+#: place, exit code 1. Anything else keeps its traceback.
 USER_ERRORS = (ValueError, LookupError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
+OUR_PACKAGES = ("interp", "probes", "circuits", "jacobians", "lab")
+
+
+def _raised_by_us(err: BaseException) -> tuple[bool, str]:
+    """Whether the frame that raised ``err`` is in one of our packages, and where it is."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return True, ""
+    last = frames[-1]
+    parts = Path(last.filename).parts
+    ours = "site-packages" not in parts and any(p in parts for p in OUR_PACKAGES)
+    return ours, f"{last.filename}:{last.lineno}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -756,8 +777,16 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        typer.echo(f"error: {message}\n(run with --debug for the traceback)", err=True)
-        return 2
+        ours, where = _raised_by_us(err)
+        if ours or isinstance(err, (FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)):
+            typer.echo(f"error: {message}\n(run with --debug for the traceback)", err=True)
+            return 2
+        typer.echo(
+            f"error: {type(err).__name__} raised in {where}: {message}\nThis may be a bug: run the command again "
+            "with --debug and report the traceback.",
+            err=True,
+        )
+        return 1
     return code if isinstance(code, int) else 0
 
 

@@ -23,6 +23,7 @@ from lab.cli import main
         (["study", "--model", "minilm", "--relations", "no/such.json"], "no relation file"),
         (["circuits", "relation", "nosuch"], "the world has no relation 'nosuch'"),
         (["circuits", "induction", "--out", "{file}"], "is a file"),
+        (["circuits", "relation", "continent", "--method", "full,lora"], "is not one of full, lora"),
     ],
 )
 def test_an_ordinary_mistake_is_one_paragraph_before_any_work(args, says, tmp_path, capsys):
@@ -54,3 +55,46 @@ def test_usage_errors_keep_clicks_message(capsys):
 def test_load_model_suggests_registered_names():
     with pytest.raises(interp.models.ModelNotFoundError, match="did you mean 'world'"):
         interp.load_model("wrold")
+
+
+def test_an_error_raised_inside_another_library_is_reported_as_a_possible_bug(monkeypatch, capsys):
+    import numpy as np
+
+    import lab.cli
+
+    def broken(*args, **kwargs):
+        np.linalg.cholesky(-np.eye(2))  # raises numpy's LinAlgError, a ValueError, in numpy's code
+
+    monkeypatch.setattr(lab.cli, "readability", broken)
+    monkeypatch.setattr(lab.cli.interp, "load_model", lambda *a, **k: None)
+    monkeypatch.setattr(
+        lab.cli,
+        "load_world",
+        lambda *a, **k: type("W", (), {"subjects": [], "spec": type("S", (), {"relations": []})})(),
+    )
+    assert main(["demo", "--out", "/tmp/interp-demo-test"]) == 1
+    err = capsys.readouterr().err
+    assert "LinAlgError raised in" in err and "may be a bug" in err and "Traceback" not in err
+
+
+def test_a_world_study_takes_relation_files(tmp_path, monkeypatch, capsys):
+    """Relation files on the world model reach the study (were refused as unknown names)."""
+    import lab.cli
+
+    seen = {}
+
+    def fake_run_study(model, relations, **kwargs):
+        seen["relations"] = relations
+        raise lab.cli.StudyConfigError(["stop here"])
+
+    monkeypatch.setattr(lab.cli, "run_study", fake_run_study)
+    f = tmp_path / "mine.json"
+    f.write_text("{}")
+    assert main(["study", "--relations", str(f), "--relations", "continent", "--out", str(tmp_path / "o")]) == 2
+    assert seen["relations"] == [str(f), "continent"]
+
+
+def test_world_train_with_a_zoo_name_and_no_out_checks_the_name(capsys):
+    assert main(["world", "train", "--zoo", "wrld"]) == 2  # was a TypeError traceback (check of --out None)
+    err = capsys.readouterr().err
+    assert "no zoo model 'wrld'" in err and "Traceback" not in err

@@ -156,3 +156,52 @@ def test_a_samples_own_prompt_overrides_the_template_for_that_sample_only(tmp_pa
     (tmp_path / "r.json").write_text(json.dumps(d))
     with pytest.raises(RelationError, match="does not contain its subject"):
         load_relations(tmp_path / "r.json")
+
+
+def test_a_special_token_written_out_is_not_an_unknown_word():
+    """GPT-2's unknown token is its <|endoftext|>: written in a prompt, it is that token, not a typo;
+    a word the vocabulary lacks still is one."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from circuits.pairs import _refuse_unknown
+    from interp.prompts import Prompt
+    from interp.tokens import encode
+
+    tk = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "the": 1, "city": 2}, unk_token="<|endoftext|>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<|endoftext|>", eos_token="<|endoftext|>")
+    model = SimpleNamespace(tokenizer=tok)
+    ok = Prompt("<|endoftext|> the city")
+    _refuse_unknown(model, ok, encode(tok, [ok])[0], "prompt")
+    bad = Prompt("<|endoftext|> the town")
+    with pytest.raises(UnknownTokenError, match="'town'"):
+        _refuse_unknown(model, bad, encode(tok, [bad])[0], "prompt")
+
+
+def test_an_empty_answer_is_refused(world, same):
+    (p, a) = same
+    with pytest.raises(AnswerError, match="empty"):
+        make_pairs(world, p[:1], p[1:2], answer=a[:1], wrong=[" "])
+
+
+def test_matched_pairs_compares_answers_as_the_model_reads_them(world, same):
+    (p, a) = same
+    with pytest.raises(ValueError, match="cannot build patching pairs"):
+        matched_pairs(world, p[:2], [a[0], " " + a[0]])  # one answer, written two ways
+
+
+def test_a_users_metric_refuses_multi_token_answers_unless_told(world, same):
+    from circuits import as_metric
+
+    (p, _) = same
+    pairs = make_pairs(world, p[:1], p[1:2], answer=["Rex Dulel"], wrong=["Rex Muzum"])
+    fn = lambda logits, pairs: logits[:, -1, 0]  # noqa: E731
+    with pytest.raises(MetricError, match="answer_tokens"):
+        ActivationPatching(world, fn, sites=["resid_pre"]).run(pairs)
+    table = ActivationPatching(world, as_metric(fn, multi_token=True), sites=["resid_pre"], by_position=False).run(
+        pairs
+    )
+    assert len(table) == world.n_layers

@@ -94,8 +94,8 @@ def own_pairs(model, pairs_file=None, relation=None, n: int = 32, seed: int = 0)
             "corrupted": tok.batch_decode(
                 [r[m.bool()] for r, m in zip(pairs.corrupted.input_ids, pairs.corrupted.attention_mask)]
             ),
-            "answer": tok.convert_ids_to_tokens(pairs.answer.tolist()),
-            "wrong": tok.convert_ids_to_tokens(pairs.wrong.tolist()),
+            "answer": [tok.decode(list(t)).strip() for t in pairs.answer_tokens],
+            "wrong": [tok.decode(list(t)).strip() for t in pairs.wrong_tokens],
         }
     )
     return pairs, rows

@@ -30,6 +30,7 @@ from circuits.activation_patching import ActivationPatching
 from circuits.attribution import AttributionPatching
 from circuits.faithfulness import Faithfulness
 from circuits.pairs import Pairs, matched_pairs
+from interp.prompts import Prompt
 from lab.study.design import make_design
 from lab.study.finetune import FinetuneConfig, finetune
 from lab.world.vocab import LABELS
@@ -41,6 +42,8 @@ def relation_pairs(
     """``n`` (clean, corrupted) pairs from one relation (:func:`circuits.matched_pairs`): two
     subjects with equal token counts and different answers; ``answer`` = the clean subject's
     answer, ``wrong`` = the corrupted one's."""
+    if subjects is not None:
+        prompts = [Prompt(p, subject=s) for p, s in zip(prompts, subjects)]
     return matched_pairs(model, prompts, answers, n=n, seed=seed)
 
 

@@ -90,7 +90,8 @@ def make_study(
         rels = world_relations(world, relations)
         world_facts = {r.name for r in rels if r.properties.get("source") == "world"}
         study_labels = world.label_categories
-        if all(r.name in world.relation for r in rels):
+        subjects = set(world.subjects)
+        if all(r.name in world.relation and set(r.subjects) <= subjects for r in rels):
             # the subject's exposure to the relation; for a relation with other facts (shuffled
             # answers, a null control) it is still how often the corpus stated this subject's fact
             frequency = lambda rel, s: world.mentions(s, rel)  # noqa: E731
@@ -138,7 +139,7 @@ def world_relations(world, relations: Sequence | None) -> list[Relation]:
     valid = [r.name for r in world.spec.relations]
     if not relations:
         return from_world(world)
-    names = [r for r in relations if isinstance(r, str) and not Path(r).suffix == ".json"]
+    names = [r for r in relations if isinstance(r, str) and Path(r).suffix != ".json" and not Path(r).exists()]
     unknown = [n for n in names if n not in valid]
     if unknown:
         raise StudyConfigError(
