@@ -121,7 +121,9 @@ def learning_curves(
         if config.steps not in done:
             hf = interp.load_model(final).module
             on_save(config.steps, hf)
-    return pd.read_csv(path)
+    table = pd.read_csv(path)
+    write_table(curve_summary(table), out / "summary.csv")
+    return table
 
 
 def curve_summary(table: pd.DataFrame, high_mentions: int | None = None) -> pd.DataFrame:
