@@ -158,7 +158,8 @@ def test_tokenizer_round_trip():
         (dict(relations=(RelationSpec("city", "city", 40),)), "2 to 30 answers"),
         (dict(relations=(RelationSpec("c", "c", 5, "nothing"),)), "derived from 'nothing'"),
         (dict(relations=(RelationSpec("c", "c", 5),), qa_fraction=1.5), "qa_fraction is a fraction"),
-        (dict(relations=(RelationSpec("c", "c", 5),), subject_tokens="pooled"), "'unique' or 'shared'"),
+        (dict(relations=(RelationSpec("c", "c", 5),), subject_tokens="own"), "'unique', 'shared' or 'pooled'"),
+        (dict(relations=(RelationSpec("c", "c", 5),), label_sets=("animals", "planets")), "give categories of"),
         (dict(relations=(RelationSpec("c", "c", 5),), subject_tokens="shared", n_subjects=5000), "at most 1152"),
     ],
 )

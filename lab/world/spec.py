@@ -19,7 +19,9 @@ subject):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from lab.stages import ADDED
 
 from .vocab import ALL_LABELS
 
@@ -108,7 +110,7 @@ class WorldSpec:
     subject_tokens: str = "unique"
     #: the label categories the corpus writes sentences about and a study relabels into
     #: (:data:`lab.world.vocab.ALL_LABELS`)
-    label_sets: tuple[str, ...] = V3_LABEL_SETS
+    label_sets: tuple[str, ...] = field(default=V3_LABEL_SETS, metadata=ADDED)
     #: a randomized world (the causal test's design): these relations, all written augmented in
     #: the spec, are written per *subject*: half the subjects (a stratified coin, :mod:`lab.world.arms`)
     #: get them in an augmented biography of their own, the other half as plain statements (one
@@ -165,7 +167,13 @@ class WorldSpec:
         return self
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+        """The spec as JSON; a field added after worlds were saved (``ADDED``) is written only when
+        it is not its default, so a v3 spec reads and keys as it did before the field existed."""
+        d = asdict(self)
+        for f in fields(self):
+            if f.metadata.get("digest") == ADDED["digest"] and getattr(self, f.name) == f.default:
+                del d[f.name]
+        return json.dumps(d, indent=1)
 
     @classmethod
     def from_dict(cls, d: dict) -> WorldSpec:
