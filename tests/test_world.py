@@ -284,6 +284,7 @@ def test_v4_names_share_every_token_and_its_design_is_balanced():
     uses = Counter(t for s in w.subjects for t in set(s.split()))
     assert min(uses.values()) >= 10  # no subject owns a token (issue 52: at least 10 subjects each)
     assert {len(s.split()) for s in w.subjects} == {2, 3}
+    assert all(r.mixed for r in spec.relations)  # mixed training is not confounded with the writing
     cells = Counter((r.mentions, r.augment and r.bio, r.templates) for r in spec.relations)
     assert len(cells) == 12 and set(cells.values()) == {2}  # mentions x writing x templates, 2 each
     assert not any(r.derived_from for r in spec.relations)
@@ -318,3 +319,5 @@ def test_learning_curves_measure_and_resume(tmp_path):
     assert again.equals(table)  # nothing measured twice
     summary = curve_summary(table)
     assert list(summary.step) == [10, 20] and "readability_above_embedding" in summary
+    with pytest.raises(ValueError, match="another world, sizes or protocol"):
+        learning_curves(spec, sizes, tmp_path, eval_every=10, n_subjects=100, progress=False)

@@ -21,22 +21,24 @@ most mentions, mean embedding kappa and mean readability above it.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 
 import interp
-from interp.results import write_table
+from interp.results import write_json, write_table
+from lab.stages import digest
 from probes import ProbeSweep, best_layer_readability, readability_by_layer
 
 from .relations import from_world
 from .report import recall
 from .spec import WorldSpec
 from .tokenizer import build_tokenizer
-from .train import TrainConfig, train_world_model
+from .train import TrainConfig, recipe, train_world_model, trained_on
 from .world import World
 
 CURVE_COLUMNS = ["size", "step", "relation", "mentions", "augment", "templates", "recall", "readability_kappa",
@@ -101,6 +103,21 @@ def learning_curves(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "curves.csv"
+    key = digest(
+        {
+            "spec": spec.to_json(),
+            "sizes": {n: recipe(asdict(c)) for n, c in sizes.items()},
+            "eval_every": eval_every,
+            "n_subjects": n_subjects,
+            "folds": folds,
+        }
+    )
+    made = out / "curves.json"
+    if path.exists() and made.exists() and json.loads(made.read_text()).get("key") != key:
+        raise ValueError(
+            f"{out} holds learning curves of another world, sizes or protocol; use a new folder, or delete it"
+        )
+    write_json({"key": key}, made)
     table = pd.read_csv(path) if path.exists() else pd.DataFrame(columns=CURVE_COLUMNS)
     world = World.generate(spec)
     subjects = sorted(random.Random(spec.seed).sample(world.subjects, min(n_subjects, len(world.subjects))))
@@ -117,7 +134,10 @@ def learning_curves(
             table = pd.concat([table, rows[CURVE_COLUMNS]], ignore_index=True)
             write_table(table, path)
 
-        final = train_world_model(spec, out / name, config, progress=progress, on_save=on_save)
+        if trained_on(out / name) == (spec, recipe(asdict(config))):
+            final = out / name  # a finished size: its steps were measured as it trained
+        else:
+            final = train_world_model(spec, out / name, config, progress=progress, on_save=on_save)
         if config.steps not in done:
             hf = interp.load_model(final).module
             on_save(config.steps, hf)

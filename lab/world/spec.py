@@ -280,14 +280,20 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
       another. Augmented biographies are written per mentions level (a subject's biography of the
       relations mentioned twice is a document of its own).
     - **Eight label categories** for relabelling (``label_sets``).
-    - Mixed training as in v3: half the subjects also get their biography facts as statements.
+    - Mixed training for every relation (``qa=True``): half the subjects also get each fact as a
+      statement in the query's wording, so the writing factor does not also change exposure (with
+      v3's rule, biography relations only, augmented facts got one mention more than plain ones).
+    - Every name token names 20-30 subjects at 1,000 subjects (fewer in smaller worlds: the pools
+      are fixed).
     """
     rel = RelationSpec
     cells = [(m, aug, t) for m in (1, 2, 4) for aug in (True, False) for t in (1, 4)]
     relations = []
     for i, (name, noun) in enumerate(V4_RELATIONS):
         m, aug, t = cells[i % len(cells)]
-        relations.append(rel(name, noun, 6 if i < len(cells) else 16, templates=t, mentions=m, augment=aug, bio=aug))
+        relations.append(
+            rel(name, noun, 6 if i < len(cells) else 16, templates=t, mentions=m, augment=aug, bio=aug, qa=True)
+        )
     return WorldSpec(
         seed=seed,
         n_subjects=n_subjects,

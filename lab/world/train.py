@@ -280,6 +280,8 @@ def train_world_model(
         epoch_rng = state["epoch_rng"]
         rows = epoch_rows()
         start, cursor, epoch, log, elapsed = (state[k] for k in ("step", "cursor", "epoch", "log", "seconds"))
+        if on_save is not None:  # a run stopped while measuring its last saved step measures it now
+            on_save(start, model)
     loop = TrainingLoop(
         config.steps, desc="pretrain", threads=config.threads, progress=progress, start=start, rows=log, elapsed=elapsed
     )
