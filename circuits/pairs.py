@@ -199,8 +199,7 @@ def _answer_tokens(model, answers, n: int, what: str) -> tuple[Tensor, tuple[tup
             raise TypeError(f"{what} {a!r} (pair {i}): give each answer as a word (str) or a token id (int)")
         if not a.strip():
             raise AnswerError(f"{what} of pair {i} is empty ({a!r}); give a word or a token id")
-        text = " " + str(a).lstrip()
-        toks = tuple(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+        toks = _answer_ids(model, a)
         if not toks:
             raise AnswerError(f"{what} {a!r} (pair {i}) tokenizes to nothing")
         if unk is not None and unk in toks:
@@ -213,10 +212,17 @@ def _answer_tokens(model, answers, n: int, what: str) -> tuple[Tensor, tuple[tup
     return torch.tensor([t[0] for t in whole], dtype=torch.long), tuple(whole)
 
 
-def _as_encoded(model, prompts: list[Prompt], what: str) -> list[Encoded]:
+def _answer_ids(model, answer: str) -> tuple[int, ...]:
+    """An answer's token ids as it follows a prompt (after a space)."""
+    return tuple(model.tokenizer(" " + answer.lstrip(), add_special_tokens=False)["input_ids"])
+
+
+def _as_encoded(model, prompts: list[Prompt], label: str) -> list[Encoded]:
+    """The prompts tokenized, each word checked against the vocabulary (``label``: how an error
+    names prompt ``{i}``)."""
     enc = model.encode(prompts)
     for i, (p, e) in enumerate(zip(prompts, enc)):
-        _refuse_unknown(model, p, e, f"pair {i}'s {what} prompt")
+        _refuse_unknown(model, p, e, label.format(i=i))
     return enc
 
 
@@ -252,8 +258,8 @@ def make_pairs(
         )
     if n_clean == 0:
         raise ValueError("no prompt pairs given")
-    cenc = _as_encoded(model, clean, "clean")
-    xenc = _as_encoded(model, corrupted, "corrupted")
+    cenc = _as_encoded(model, clean, "pair {i}'s clean prompt")
+    xenc = _as_encoded(model, corrupted, "pair {i}'s corrupted prompt")
     ans = _answer_tokens(model, answer, n_clean, "answer")
     wrg = _answer_tokens(model, wrong, n_clean, "wrong")
     if ans is not None and wrg is not None:
@@ -326,10 +332,8 @@ def matched_pairs(
     if len(prompts) != len(answers):
         raise ValueError(f"got {len(prompts)} prompts but {len(answers)} answers; give one answer per prompt")
     # answers compared as the model reads them ("city" and " city" are one answer)
-    tokens = {a: tuple(model.tokenizer(" " + a.lstrip(), add_special_tokens=False)["input_ids"]) for a in set(answers)}
-    enc = model.encode(prompts)
-    for i, (p, e) in enumerate(zip(prompts, enc)):
-        _refuse_unknown(model, p, e, f"prompt {i}")
+    tokens = {a: _answer_ids(model, a) for a in set(answers)}
+    enc = _as_encoded(model, prompts, "prompt {i}")
     spans = []
     for p in prompts:
         s = p.text.find(p.subject) if p.text is not None and p.subject else -1

@@ -14,6 +14,7 @@ from pathlib import Path
 import interp
 from interp.models import ModelNotFoundError, registered_models, resolve_path
 from lab.world import load_world
+from lab.world.relations import check_relation_names
 
 #: the executors ``interp study --executor`` takes (:func:`lab.executors.executor_for`)
 EXECUTORS = ("serial", "processes", "grouped", "ray")
@@ -81,15 +82,10 @@ def check_methods(methods: str) -> tuple[str, ...]:
 
 def check_world_relations(names, world=None) -> list[str]:
     """Relation names of the (default) world, each checked against its list."""
-    if world is None:
-        world = load_world()
-    known = [r.name for r in world.spec.relations]
-    for name in names:
-        if name not in known:
-            raise InputError(
-                f"the world has no relation {name!r}{_did_you_mean(name, known)}; its relations: {', '.join(known)}"
-            )
-    return list(names)
+    try:
+        return check_relation_names(world if world is not None else load_world(), names)
+    except ValueError as err:
+        raise InputError(str(err)) from None
 
 
 def check_relation_files(paths) -> list[Path]:

@@ -56,14 +56,12 @@ def measure(hf_model, tokenizer, world: World, subjects: list[str], folds: int =
     for r in from_world(world):
         idx = [i for i, s in enumerate(r.subjects) if s in keep]
         rels.append(
-            type(r)(
-                r.name,
-                [r.subjects[i] for i in idx],
-                [r.answers[i] for i in idx],
-                r.template,
-                [r.prompts_override[i] for i in idx] if r.prompts_override else None,
-                r.properties,
-            )  # fmt: skip
+            replace(
+                r,
+                subjects=[r.subjects[i] for i in idx],
+                answers=[r.answers[i] for i in idx],
+                prompts_override=[r.prompts_override[i] for i in idx] if r.prompts_override else None,
+            )
         )
     sweep = ProbeSweep(folds=folds, seeds=(0,), batch_size=256, baselines=True, baseline_seeds=())
     table = sweep.run(model, rels)

@@ -10,10 +10,11 @@ from interp.relations import Relation
 from .world import World
 
 
-def from_world(world: World, relations: Iterable[str] | None = None) -> list[Relation]:
-    """The world's relations, prompted exactly as the world's corpus writes each fact."""
+def check_relation_names(world: World, relations: Iterable[str]) -> list[str]:
+    """``relations``, each a relation of ``world`` (an unknown name raises, with the nearest ones)."""
     names = [r.name for r in world.spec.relations]
-    unknown = [n for n in relations or () if n not in world.relation]
+    relations = list(relations)
+    unknown = [n for n in relations if n not in world.relation]
     if unknown:
         near = difflib.get_close_matches(unknown[0], names, n=3, cutoff=0.5)
         raise ValueError(
@@ -21,8 +22,13 @@ def from_world(world: World, relations: Iterable[str] | None = None) -> list[Rel
             + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else "")
             + f"; its relations: {', '.join(names)}"
         )
+    return relations
+
+
+def from_world(world: World, relations: Iterable[str] | None = None) -> list[Relation]:
+    """The world's relations, prompted exactly as the world's corpus writes each fact."""
     out = []
-    for name in relations or names:
+    for name in check_relation_names(world, relations) if relations else [r.name for r in world.spec.relations]:
         q = world.queries(name)
         r = world.relation[name]
         out.append(

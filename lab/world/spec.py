@@ -111,6 +111,9 @@ class WorldSpec:
     #: the label categories the corpus writes sentences about and a study relabels into
     #: (:data:`lab.world.vocab.ALL_LABELS`)
     label_sets: tuple[str, ...] = field(default=V3_LABEL_SETS, metadata=ADDED)
+    #: augmented biographies: one per mentions level, its relations written ``mentions`` times (v4);
+    #: or one of all, as many times as the most-mentioned of them (v3)
+    bio_per_mentions: bool = field(default=False, metadata=ADDED)
     #: a randomized world (the causal test's design): these relations, all written augmented in
     #: the spec, are written per *subject*: half the subjects (a stratified coin, :mod:`lab.world.arms`)
     #: get them in an augmented biography of their own, the other half as plain statements (one
@@ -301,4 +304,5 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
         qa_fraction=0.5,
         subject_tokens="pooled",
         label_sets=tuple(ALL_LABELS),
+        bio_per_mentions=True,
     ).validate()

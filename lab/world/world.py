@@ -153,7 +153,7 @@ class World:
         randomized = self.spec.randomized
         if relation in randomized:  # the same in both arms (a biography's count, or as many statements)
             return (max(self.relation[n].mentions for n in randomized) + qa) * f
-        if r.bio and r.augment and self.spec.subject_tokens == "pooled":  # its own mentions level's biography
+        if r.bio and r.augment and self.spec.bio_per_mentions:  # its own mentions level's biography
             return (r.mentions + qa) * f
         if r.bio:
             group = [x for x in self.spec.relations if x.bio and x.augment == r.augment and x.name not in randomized]
@@ -248,7 +248,7 @@ class World:
         biography of all, as many times as the most-mentioned of them."""
         if not names:
             return []
-        if self.spec.subject_tokens != "pooled":
+        if not self.spec.bio_per_mentions:
             return [(list(names), max(self.relation[n].mentions for n in names))]
         levels: dict[int, list[str]] = {}
         for n in names:
