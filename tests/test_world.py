@@ -321,3 +321,23 @@ def test_learning_curves_measure_and_resume(tmp_path):
     assert list(summary.step) == [10, 20] and "readability_above_embedding" in summary
     with pytest.raises(ValueError, match="another world, sizes or protocol"):
         learning_curves(spec, sizes, tmp_path, eval_every=10, n_subjects=100, progress=False)
+
+
+def test_v4_biographies_name_their_subject_once_and_say_they_after():
+    from lab.world.spec import v4_spec
+
+    w = World.generate(v4_spec(n_subjects=100))
+    bios = [(text, rels) for text, rels in w.documents() if len(rels) > 1]
+    assert bios and all(len(text.split(" . ")) == len(rels) for text, rels in bios)
+    for text, rels in bios:
+        sentences = [s.strip() for s in text.rstrip(" .").split(" . ")]
+        subject = next(s for s in w.subjects if sentences[0].startswith(s + " "))
+        assert all(s.startswith("they ") for s in sentences[1:]), text
+        assert text.count(subject) == 1
+        for r in rels:  # every fact of the biography is stated, with its answer
+            assert f" {w.answer(subject, r)}" in text
+    # a v3 biography still repeats the name in every sentence
+    v3 = World.generate(default_spec(n_subjects=50))
+    bio = next(text for text, rels in v3.documents() if len(rels) > 1 and "they" not in text)
+    first = bio.split()[0]
+    assert all(s.strip().startswith(first) for s in bio.rstrip(" .").split(" . "))

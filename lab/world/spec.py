@@ -114,6 +114,10 @@ class WorldSpec:
     #: augmented biographies: one per mentions level, its relations written ``mentions`` times (v4);
     #: or one of all, as many times as the most-mentioned of them (v3)
     bio_per_mentions: bool = field(default=False, metadata=ADDED)
+    #: augmented biographies name the subject once, in their first (shuffled) sentence, and call
+    #: them "they" after (v4): a later fact must be read back from the name through the pronoun, as
+    #: in real text; v3 repeats the full name in every sentence
+    bio_pronoun: bool = field(default=False, metadata=ADDED)
     #: a randomized world (the causal test's design): these relations, all written augmented in
     #: the spec, are written per *subject*: half the subjects (a stratified coin, :mod:`lab.world.arms`)
     #: get them in an augmented biography of their own, the other half as plain statements (one
@@ -281,7 +285,10 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
       (1, 2, 4) x writing (augmented biographies or plain statements) x paraphrase templates (1 or
       4), two relations per cell, one with 6 answers and one with 16. No relation is derived from
       another. Augmented biographies are written per mentions level (a subject's biography of the
-      relations mentioned twice is a document of its own).
+      relations mentioned twice is a document of its own). A biography names its subject once and
+      says "they" after (``bio_pronoun``): a probe on v3-style biographies that repeat the name
+      found the 4x128 model computes every answer in its last block at the query's end, nothing
+      at the name (docs/world.md); a pronoun makes a fact one that must be read from the name.
     - **Eight label categories** for relabelling (``label_sets``).
     - Mixed training for every relation (``qa=True``): half the subjects also get each fact as a
       statement in the query's wording, so the writing factor does not also change exposure (with
@@ -305,4 +312,5 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
         subject_tokens="pooled",
         label_sets=tuple(ALL_LABELS),
         bio_per_mentions=True,
+        bio_pronoun=True,
     ).validate()

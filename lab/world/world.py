@@ -209,12 +209,7 @@ class World:
                 for _ in range(copies * f):
                     names = list(group)
                     rng.shuffle(names)
-                    docs.append(
-                        (
-                            " ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in names),
-                            tuple(group),
-                        )
-                    )
+                    docs.append((self._biography(s, names, rng), tuple(group)))
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
             if self._in_qa(s):  # mixed training: biography facts also as question-form statements
@@ -241,6 +236,16 @@ class World:
                     docs.append((f"the {a} {template} {b} .", ()))
         _stream(seed, "order").shuffle(docs)
         return docs
+
+    def _biography(self, subject: str, order: list[str], rng: random.Random) -> str:
+        """An augmented biography: the facts in ``order``, each in a paraphrase drawn from ``rng``;
+        every sentence names the subject, or (``spec.bio_pronoun``) the first does and the rest say
+        "they"."""
+        pronoun = self.spec.bio_pronoun
+        return " ".join(
+            f"{'they' if pronoun and i else subject} {rng.choice(self.templates(n))} {self.answer(subject, n)} ."
+            for i, n in enumerate(order)
+        )
 
     def _augmented_bio_groups(self, names: list[str]) -> list[tuple[list[str], int]]:
         """The augmented biographies a subject gets: (relations, copies). A v4 world writes one
@@ -269,8 +274,7 @@ class World:
                 for _ in range(copies * self.frequency[s]):
                     order = list(names)
                     rng.shuffle(order)
-                    text = " ".join(f"{s} {rng.choice(self.templates(n))} {self.answer(s, n)} ." for n in order)
-                    docs.append((text, tuple(names)))
+                    docs.append((self._biography(s, order, rng), tuple(names)))
             else:
                 for _ in range(copies * self.frequency[s]):
                     plain += [(s, f"{s} {self.templates(n)[0]} {self.answer(s, n)} .", n) for n in names]
