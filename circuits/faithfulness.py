@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from interp.resampling import bootstrap_indices, percentile_interval, resampled_means
+from interp.resampling import bootstrap_indices, monte_carlo_p, percentile_interval, resampled_means
 
 from .edge_patching import EdgePatching
 from .pairs import Pairs
@@ -319,8 +319,8 @@ class Faithfulness:
                     random_cpr_sd=float(r_cpr.std(ddof=1)) if len(rand) > 1 else np.nan,
                     random_cmd_mean=float(r_cmd.mean()),
                     random_cmd_sd=float(r_cmd.std(ddof=1)) if len(rand) > 1 else np.nan,
-                    p_random_cpr=(1 + int((r_cpr >= row.cpr).sum())) / (1 + len(rand)),
-                    p_random_cmd=(1 + int((r_cmd <= row.cmd).sum())) / (1 + len(rand)),
+                    p_random_cpr=monte_carlo_p(r_cpr, row.cpr, "greater", tolerance=0.0),
+                    p_random_cmd=monte_carlo_p(r_cmd, row.cmd, "less", tolerance=0.0),
                 )
             rows.append(entry)
         out = pd.DataFrame(rows)

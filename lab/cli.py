@@ -47,6 +47,7 @@ from lab.experiments.own_model import patch_own_model, probe_own_model, read_pai
 from lab.experiments.relation_circuit import relation_circuit, relation_faithfulness, relation_stages
 from lab.figures import regenerate
 from lab.inputs import (
+    InputError,
     check_backend,
     check_choice,
     check_executor,
@@ -60,7 +61,7 @@ from lab.study import StudyConfigError, run_study
 from lab.study.ablation import ablate
 from lab.study.causal import causal_test
 from lab.study.compare import CompareError, compare_studies
-from lab.study.findings import write_findings
+from lab.study.findings import write_findings, write_surface_control
 from lab.study.interventions import InterventionConfig, Interventions
 from lab.study.interventions import section as intervention_section
 from lab.study.predictors import compare_predictors
@@ -363,6 +364,20 @@ def study_compare(
             "mean_generalization_kappa", "mean_readability_kappa", "failed_finetunes"]  # fmt: skip
     typer.echo(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"wrote {out / 'compare.csv'} and {out / 'figures'}")
+
+
+@study_app.command("surface-control")
+def study_surface_control(
+    folders: list[Path] = typer.Argument(..., help="saved study folders (relations.csv and summary.json)"),
+    out: Path = typer.Option(Path("docs/surface_control.md"), help="the page to write"),
+):
+    """The surface-form control two ways (subtraction and regression), with leave-one-out influence,
+    for each saved study (lab.study.stats.control_two_ways)."""
+    for f in folders:
+        missing = [n for n in ("relations.csv", "summary.json") if not (f / n).exists()]
+        if missing:
+            raise InputError(f"{f} is not a saved study folder: it has no {' or '.join(missing)}")
+    typer.echo(f"wrote {write_surface_control(folders, out)}")
 
 
 @study_app.command("null")

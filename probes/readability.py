@@ -7,7 +7,8 @@ its ``readout_``, every test subject's cross-validated prediction):
 - :func:`readability_by_layer`: one row per (relation, layer): mean probe accuracy over folds,
   Cohen's kappa of the pooled cross-validated predictions (chance-corrected, :mod:`probes.chance`),
   the three chance levels of the probed subjects, the shuffled-label control's accuracy and the
-  selectivity;
+  selectivity (and ``mlp_kappa`` / ``knn_kappa``, the same kappa of the nonlinear probes, when the
+  sweep ran them: :mod:`probes.nonlinear`);
 - :func:`best_layers`: each relation's best layer, the highest kappa (lowest layer on ties);
 - :func:`best_layer_readability`: one row per relation at its best layer, the relation's *readability*.
 
@@ -29,6 +30,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from .chance import chance_levels, kappa
+from .nonlinear import NONLINEAR
 
 
 def standardized_logistic(C: float = 1.0) -> Pipeline:
@@ -89,6 +91,11 @@ def readability_by_layer(table: pd.DataFrame, readout: pd.DataFrame) -> pd.DataF
                 "control_accuracy": float(m.control_accuracy),
                 "selectivity": float(m.selectivity),
                 "n_subjects": len(g),
+                **{
+                    f"{name}_kappa": kappa(list(g.answer), list(g[f"{name}_predicted"]))
+                    for name in NONLINEAR
+                    if f"{name}_predicted" in g
+                },
             }
         )
     return pd.DataFrame(rows)

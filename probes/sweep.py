@@ -46,6 +46,7 @@ from interp.sites import parse_site
 from .baselines import probe_baselines, with_baselines
 from .logistic import fit_logistic
 from .mdl import online_codelength
+from .nonlinear import NONLINEAR, fit_mlp, knn_predict
 
 
 @dataclass
@@ -83,6 +84,11 @@ class ProbeSweep:
     sites_per_pass : with stored activations, load and fit this many sites at a time (default:
         all). With :class:`~interp.ActivationStore` values, whose shards are memory-mapped, peak
         memory is then one pass's features however large the store: out-of-core sweeps.
+    nonlinear : also read every task with nonlinear probes on the same states and folds
+        (:mod:`probes.nonlinear`: ``"mlp"``, ``"knn"``), adding ``mlp_accuracy`` / ``knn_accuracy``
+        to every row and ``mlp_predicted`` / ``knn_predicted`` to the read-out (from which
+        :func:`probes.readability_by_layer` takes ``mlp_kappa`` / ``knn_kappa``). ``knn_k``: the
+        neighbours kNN votes with.
     baselines : also probe the model's input embeddings and the same architecture with random
         weights (``baseline_seeds``), with the same probe, folds and seeds
         (:mod:`probes.baselines`), and add ``kappa``, ``embedding_kappa``, ``random_kappa``,
@@ -113,7 +119,16 @@ class ProbeSweep:
         mdl: bool = False,
         baselines: bool = False,
         baseline_seeds: Sequence[int] = (0, 1, 2),
+        nonlinear: Sequence[str] = (),
+        knn_k: int = 10,
     ):
+        unknown = [n for n in nonlinear if n not in NONLINEAR]
+        if unknown:
+            raise ValueError(f"nonlinear probes {unknown} are not known; choose from {NONLINEAR}")
+        if knn_k < 1:
+            raise ValueError(f"knn_k must be at least 1, got {knn_k}")
+        self.nonlinear = tuple(nonlinear)
+        self.knn_k = knn_k
         self.mdl = mdl
         self.baselines = baselines
         self.baseline_seeds = tuple(baseline_seeds)
@@ -188,6 +203,7 @@ class ProbeSweep:
         of its own): its table and read-out."""
         child = copy.copy(self)
         child.baselines, child.control, child.mdl, child.readout, child.progress = False, False, False, True, False
+        child.nonlinear = ()
         child.sites = self.sites if isinstance(source, Model) else None
         return child.run(source, relations, model_name), child.readout_
 
@@ -337,6 +353,7 @@ class ProbeSweep:
                 standardize=self.standardize,
             )
             logits = fit.logits(X.to(self.device)).cpu()  # [G, K, n, c]
+            other = self._nonlinear(X, Y, T, NC, metas[0])
             for g, (p, s, x) in enumerate(part):
                 code = (
                     online_codelength(
@@ -345,18 +362,46 @@ class ProbeSweep:
                     if self.mdl
                     else None
                 )
-                self._evaluate(p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout, code)
+                self._evaluate(
+                    p, s, logits[g], metas[g], model_name, fit.converged[g].cpu(), rows, readout, code,
+                    {name: pred[g] for name, pred in other.items()},
+                )  # fmt: skip
             bar.update(len(part))
         bar.close()
         return rows, readout
 
-    def _evaluate(self, p, site, logits, meta, model_name, converged, rows, readout, code=None):
+    def _nonlinear(self, X, Y, T, NC, meta) -> dict[str, torch.Tensor]:
+        """The nonlinear probes' predictions on the task problems (not the controls) of a chunk:
+        ``{name: [G, K_task, n]}``, fitted a block of groups at a time (under ``max_elements``)."""
+        if not self.nonlinear:
+            return {}
+        task = torch.tensor([k for k, m in enumerate(meta) if m[2] == "task"])
+        Yt, Tt = Y[:, task], T[:, task]
+        NCt = NC[:, task]
+        G, K, n = Yt.shape
+        per = max(1, self.max_elements // max(1, K * n * max(X.shape[-1], 64, n)))
+        out: dict[str, list[torch.Tensor]] = {name: [] for name in self.nonlinear}
+        for i in range(0, G, per):
+            sl = slice(i, i + per)
+            args = [t.to(self.device) for t in (X[sl].to(self.dtype), Yt[sl], Tt[sl], NCt[sl])]
+            if "mlp" in out:
+                out["mlp"].append(fit_mlp(*args, seed=self.seeds[0]).argmax(-1).cpu())
+            if "knn" in out:
+                out["knn"].append(knn_predict(*args, k=self.knn_k).cpu())
+        return {name: torch.cat(parts) for name, parts in out.items()}
+
+    def _evaluate(self, p, site, logits, meta, model_name, converged, rows, readout, code=None, other=None):
         m, c = len(p.keep), len(p.classes)
         logp = torch.log_softmax(logits[:, :m, :c].double(), -1)  # [K, m, c]
         layer = parse_site(site).layer
         k_top = min(self.top_k, c)
         k_read = min(self.readout_k if self.readout_k is not None else self.top_k, c)
         names = np.asarray(p.classes, dtype=object)
+        other = other or {}
+        task_index = {}  # problem k -> its index among the task problems (the nonlinear probes')
+        for k, (_, _, kind, _) in enumerate(meta):
+            if kind == "task":
+                task_index[k] = len(task_index)
         by_key = {}
         for k, (seed, fold, kind, si) in enumerate(meta):
             labels = p.y if kind == "task" else p.control[si]
@@ -373,11 +418,21 @@ class ProbeSweep:
                 "n_test": int(test.sum()),
                 "converged": bool(converged[k]),
             }
+            test_np = test.numpy()
+            nonlinear_pred = {}
+            if kind == "task":
+                for name, pred in other.items():
+                    nonlinear_pred[name] = pred[task_index[k], :m][test].numpy()
+                    by_key[(seed, fold, kind)][f"{name}_accuracy"] = float(
+                        np.mean(nonlinear_pred[name] == labels[test_np])
+                    )
             if kind == "task" and self.readout:
                 order = lp.argsort(-1, descending=True)  # [held out, c]
                 ranks = (order == yl[:, None]).int().argmax(-1) + 1
                 top_names = names[order[:, :k_read].numpy()].tolist()
-                for i, ranked, rank in zip(np.flatnonzero(p.folds[si] == fold).tolist(), top_names, ranks.tolist()):
+                for j, (i, ranked, rank) in enumerate(
+                    zip(np.flatnonzero(p.folds[si] == fold).tolist(), top_names, ranks.tolist())
+                ):
                     readout.append(
                         {
                             "model": model_name,
@@ -391,6 +446,7 @@ class ProbeSweep:
                             "predicted": ranked[0],
                             "top_answers": ranked,
                             "answer_rank": rank,
+                            **{f"{name}_predicted": p.classes[pred[j]] for name, pred in nonlinear_pred.items()},
                         }
                     )
         for seed in self.seeds:
@@ -416,6 +472,7 @@ class ProbeSweep:
                     "dropped_classes": p.dropped_classes,
                     "dropped_subjects": p.dropped_subjects,
                     "converged": t["converged"],
+                    **{f"{name}_accuracy": t[f"{name}_accuracy"] for name in other},
                 }
                 if self.control:
                     ctl = by_key[(seed, fold, "control")]

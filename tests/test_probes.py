@@ -175,6 +175,48 @@ def test_sweep_matches_a_loop_of_sklearn():
         assert df.converged.all()
 
 
+def test_nonlinear_probes_read_what_a_linear_probe_cannot_and_match_sklearn():
+    import warnings
+
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from probes import readability_by_layer
+
+    # four answers set by an XOR of two features and the sign of a third, uneven scales
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(500, 12)) * rng.uniform(0.5, 3, size=12)
+    y = (X[:, 0] * X[:, 1] > 0).astype(int) + 2 * (X[:, 2] > 0)
+    feats = {"r": {"blocks.0.hook_resid_post": torch.tensor(X, dtype=torch.float32)}}
+    sweep_ = ProbeSweep(folds=5, nonlinear=("mlp", "knn"), knn_k=7)
+    df = sweep_.run(feats, [_relation(y)])
+    ro = sweep_.readout_
+    mlp, knn, linear = 0.0, 0.0, 0.0
+    for fold, (tr, te) in enumerate(StratifiedKFold(5, shuffle=True, random_state=0).split(X, y)):
+        row = df[df.fold == fold].iloc[0]
+        knn_ref = make_pipeline(StandardScaler(), KNeighborsClassifier(7)).fit(X[tr], y[tr])
+        assert row.knn_accuracy == knn_ref.score(X[te], y[te])  # the same neighbours and votes
+        got = ro[ro.fold == fold].set_index("subject").knn_predicted
+        assert list(got.loc[[f"s{i}" for i in te]]) == [f"a{v}" for v in knn_ref.predict(X[te])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scikit-learn's convergence warning at max_iter
+            ref = MLPClassifier((64,), alpha=1.0, max_iter=300, random_state=0)
+            mlp += make_pipeline(StandardScaler(), ref).fit(X[tr], y[tr]).score(X[te], y[te]) / 5
+        knn += row.knn_accuracy / 5
+        linear += row.accuracy / 5
+    ours = df.mlp_accuracy.mean()
+    assert ours >= mlp - 0.05, (ours, mlp)  # as accurate as scikit-learn's MLP, within 5 points
+    assert ours > linear + 0.25 and knn > linear  # the XOR half is out of a linear probe's reach
+    layers = readability_by_layer(df, ro)
+    assert {"mlp_kappa", "knn_kappa"} <= set(layers.columns)
+    assert layers.mlp_kappa.item() > layers.kappa.item() + 0.3
+    with pytest.raises(ValueError, match="not known"):
+        ProbeSweep(nonlinear=("svm",))
+
+
 def test_sweep_is_deterministic_and_reads_out_rankings():
     X, y = planted(n=200, classes=4)
     feats = {"r": {"blocks.0.hook_resid_post": torch.tensor(X, dtype=torch.float32)}}

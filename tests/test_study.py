@@ -84,6 +84,47 @@ def test_partial_correlation_removes_a_planted_confounder():
     assert partial(x, z, pd.DataFrame({"w": w}))["r"] == pytest.approx(sps.pearsonr(x, z).statistic, abs=0.02)
 
 
+def test_a_control_taken_two_ways_with_leave_one_out(tmp_path):
+    import statsmodels.api as sm
+
+    from lab.cli import main
+    from lab.study.findings import write_surface_control
+    from lab.study.stats import control_two_ways
+
+    # generalization depends on readability and on half of a surface baseline: subtracting the
+    # whole baseline over-corrects, regressing it out does not, and the coefficient says so
+    rng = np.random.default_rng(4)
+    n = 40
+    surface = rng.normal(size=n)
+    readability = 0.6 * surface + rng.normal(size=n)
+    y = readability + 0.5 * surface + 0.3 * rng.normal(size=n)
+    table = pd.DataFrame({"relation": [f"r{i}" for i in range(n)], "x": readability, "z": surface, "y": y})
+    s, loo = control_two_ways(table, "x", "z", "y", n_boot=200, n_perm=200)
+    assert s["subtraction"]["r"] == pytest.approx(sps.pearsonr(readability - surface, y).statistic)
+    assert s["partial"]["r"] == pytest.approx(partial(readability, y, table[["z"]])["r"])
+    fit = sm.OLS(y, sm.add_constant(np.column_stack([readability, surface]))).fit()
+    assert s["control_slope"] == pytest.approx(fit.params[2]) and s["control_slope_ci"][1] < 1
+    assert s["partial"]["r"] > s["subtraction"]["r"]
+    # leave-one-out rows: recomputed by hand for one relation
+    i = 7
+    keep = np.arange(n) != i
+    row = loo.set_index("relation").loc["r7"]
+    assert row.r_subtraction == pytest.approx(np.corrcoef(readability[keep] - surface[keep], y[keep])[0, 1])
+    assert row.r_partial == pytest.approx(partial(readability[keep], y[keep], table[["z"]][keep])["r"])
+    assert len(loo) == n and s["loo_partial"][0] == loo.r_partial.min()
+    # the page, from a saved study's two files, and the command's check of its folders
+    study = tmp_path / "study"
+    study.mkdir()
+    table.rename(columns={"x": "readability_best_kappa", "z": "random_kappa", "y": "generalization_kappa_full"}).to_csv(
+        study / "relations.csv", index=False
+    )
+    (study / "summary.json").write_text(json.dumps({"methods": ["full"], "model": "toy"}))
+    page = write_surface_control([study], tmp_path / "page.md").read_text()
+    assert "## toy: 40 relations" in page and "regression form is the one to read" in page
+    assert f"{s['partial']['r']:.3f}" in page
+    assert main(["study", "surface-control", str(tmp_path / "nothing"), "--out", str(tmp_path / "p.md")]) == 2
+
+
 # scoring multi-token answers ---------------------------------------------------------------------
 def test_multi_token_candidates_are_scored_by_their_full_sequence(model_dirs, backend):
     """``Model.logprobs`` (through either backend) equals a hand computation on the HF model."""

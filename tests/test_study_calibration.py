@@ -109,12 +109,33 @@ def test_kappa_statistics_hold_the_nominal_rate_and_raw_r_does_not():
 
 
 def test_monte_carlo_p_of_an_observed_statistic():
-    from lab.study.null import monte_carlo_p
+    from interp.resampling import monte_carlo_p
 
     sims = np.linspace(-1, 1, 199)
     assert monte_carlo_p(sims, 0.0) == pytest.approx(200 / 200)
     assert monte_carlo_p(sims, 0.999) == pytest.approx(3 / 200)  # -1, 1 and itself
     assert np.isnan(monte_carlo_p(sims, float("nan")))
+    # one-sided: only draws on the observed side count; undefined draws count neither way
+    assert monte_carlo_p(sims, 0.999, "greater") == pytest.approx(2 / 200)  # 1 and itself
+    assert monte_carlo_p(sims, -0.999, "less") == pytest.approx(2 / 200)
+    assert monte_carlo_p(np.r_[sims, np.nan, np.inf], 0.999) == monte_carlo_p(sims, 0.999)
+    # a draw equal to the observed value up to summation-order noise is a hit; tolerance 0 is exact
+    assert monte_carlo_p(np.array([0.5]), 0.5 + 1e-14, "greater") == 1.0
+    assert monte_carlo_p(np.array([0.5]), 0.5 + 1e-14, "greater", tolerance=0.0) == 0.5
+    with pytest.raises(ValueError, match="alternative"):
+        monte_carlo_p(sims, 0.0, "both")
+
+
+def test_the_correlation_permutation_test_is_a_naive_loop():
+    from interp.resampling import correlation_permutation_p, permutations
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=12), rng.normal(size=12)
+    perms = permutations(np.random.default_rng(1), 12, 500)
+    assert sorted(perms[7]) == list(range(12))
+    r = np.corrcoef(x, y)[0, 1]
+    hits = sum(abs(np.corrcoef(x[p], y)[0, 1]) >= abs(r) - 1e-12 for p in perms)
+    assert correlation_permutation_p(x, y, perms) == pytest.approx((1 + hits) / 501)
 
 
 def test_backmap_against_a_uniformly_random_wrong_answer():

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from interp.resampling import bootstrap_indices, percentile_interval, resampled_means
+from interp.resampling import bootstrap_indices, monte_carlo_p, percentile_interval, permutations, resampled_means
 from interp.results import write_json, write_table
 from lab.stages import Runner
 from lab.world import TrainConfig, World, WorldSpec, default_spec
@@ -160,10 +160,9 @@ def did_with_ci(treated, control, n_boot: int = 5000, ci: float = 0.95, seed: in
     bc = resampled_means(control, bootstrap_indices(rng, len(control), n_boot))
     low, high = percentile_interval(bt - bc, ci)
     pooled = np.concatenate([treated, control])
-    perms = rng.permuted(np.tile(np.arange(len(pooled)), (n_perm, 1)), axis=1)
+    perms = permutations(rng, len(pooled), n_perm)
     nt = len(treated)
-    diffs = pooled[perms[:, :nt]].mean(1) - pooled[perms[:, nt:]].mean(1)
-    p = float((1 + np.sum(np.abs(diffs) >= abs(est) - 1e-12)) / (n_perm + 1))
+    p = monte_carlo_p(pooled[perms[:, :nt]].mean(1) - pooled[perms[:, nt:]].mean(1), est)
     return {"estimate": est, "ci_low": low, "ci_high": high, "p_value": p, **extra}
 
 

@@ -37,6 +37,7 @@ from plotly.subplots import make_subplots
 from scipy import stats as sps
 
 from interp.plots import PALETTE, export, style
+from interp.resampling import monte_carlo_p
 from interp.results import write_json, write_table
 
 #: the paper's band of within-model r (Mehri & Schutze 2026, 11 LMs)
@@ -122,7 +123,7 @@ def kendalls_w(table: pd.DataFrame, n_perm: int = 10_000, seed: int = 0) -> dict
         "n_models": m,
         "chi2_friedman": float(chi2),
         "p_friedman": float(p),
-        "p_permutation": float((1 + (null >= observed - 1e-12).sum()) / (1 + n_perm)),
+        "p_permutation": monte_carlo_p(null, observed, alternative="greater"),
     }
 
 

@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from interp.resampling import correlation_permutation_p, monte_carlo_p, permutations
+
 from .stats import COVARIATES
 
 #: predictor columns of a study's relation table tested beside the headline, when present
@@ -137,13 +139,7 @@ def null_statistics(
     r = _corr_rows(x, Y)
     out["pearson"] = r
     # permutation p, fresh permutations for every simulated study
-    xs = (x - x.mean()) / x.std()
-    Ys = (Y - Y.mean(1, keepdims=True)) / Y.std(1, keepdims=True)
-    p_perm = np.empty(S)
-    for s in range(S):
-        perms = rng.permuted(np.tile(np.arange(R), (n_perm, 1)), axis=1)
-        r_perm = xs[perms] @ Ys[s] / R
-        p_perm[s] = (1 + np.sum(np.abs(r_perm) >= abs(r[s]) - 1e-12)) / (n_perm + 1)
+    p_perm = np.array([correlation_permutation_p(x, Y[s], permutations(rng, R, n_perm), r[s]) for s in range(S)])
     out["p:pearson"] = np.where(np.isfinite(r), p_perm, np.nan)
     out["p:pearson (t-test)"] = _t_p(r, R - 2)
     rho = _corr_rows(stats.rankdata(x), stats.rankdata(Y, axis=1))
@@ -158,15 +154,6 @@ def null_statistics(
         pr = _corr_rows(rx, ry)
         out[name], out[f"p:{name}"] = pr, _t_p(pr, R - 2 - k)
     return out
-
-
-def monte_carlo_p(simulated: np.ndarray, observed: float) -> float:
-    """Two-sided Monte-Carlo p-value of ``observed`` against ``simulated`` statistics of the null
-    (Besag & Clifford): ``(1 + #{|sim| >= |obs|}) / (1 + n)``; undefined simulations never count."""
-    sims = np.abs(simulated[np.isfinite(simulated)])
-    if not np.isfinite(observed):
-        return float("nan")
-    return float((1 + np.sum(sims >= abs(observed) - 1e-12)) / (1 + len(sims)))
 
 
 def _leave_one_out_p(simulated: np.ndarray) -> np.ndarray:

@@ -74,7 +74,7 @@ import interp
 from interp.models import Model
 from interp.plots import export
 from interp.relations import Relation
-from interp.resampling import bootstrap_indices, percentile_interval
+from interp.resampling import bootstrap_indices, monte_carlo_p, percentile_interval
 from interp.results import write_json, write_table
 from lab.stages import DERIVED, Codec, Runner, Stage, Task, parquet_codec
 from lab.world import TrainConfig, World, from_world
@@ -358,8 +358,7 @@ def randomization_test(
     out = {}
     for g, t in obs.items():
         z = null[g][np.isfinite(null[g])]
-        p = float((1 + np.sum(np.abs(z) >= abs(t) - 1e-12)) / (len(z) + 1)) if math.isfinite(t) else float("nan")
-        out[g] = {"estimate": t, "p_value": p, "n_redraws": int(len(z)), "null_sd": float(np.std(z))}
+        out[g] = {"estimate": t, "p_value": monte_carlo_p(z, t), "n_redraws": int(len(z)), "null_sd": float(np.std(z))}
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from interp.resampling import bootstrap_indices, percentile_interval
+from interp.resampling import bootstrap_indices, correlation_permutation_p, percentile_interval, permutations
 
 #: covariates the partial correlations control for, separately and jointly (``chance``: the
 #: prior-matched chance level sum p_a^2 of the held-out subjects' answers)
@@ -31,14 +31,10 @@ COVARIATES = ["n_finetune_subjects", "n_answers", "chance", "pretrained_accuracy
 
 def permutation_p(x, y, n_perm: int = 2000, rng=None) -> float:
     """Two-sided permutation p-value of Pearson r: the share of ``n_perm`` shuffled pairings
-    whose |r| reaches the observed |r|, counting the observed pairing once."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
+    whose |r| reaches the observed |r|, counting the observed pairing once
+    (:func:`interp.resampling.correlation_permutation_p`, ``y`` reordered)."""
     rng = rng if rng is not None else np.random.default_rng(0)
-    xs, ys = (x - x.mean()) / x.std(), (y - y.mean()) / y.std()
-    r = float(xs @ ys) / len(x)
-    perms = rng.permuted(np.tile(np.arange(len(x)), (n_perm, 1)), axis=1)
-    r_perm = ys[perms] @ xs / len(x)
-    return float((1 + np.sum(np.abs(r_perm) >= abs(r) - 1e-12)) / (n_perm + 1))
+    return correlation_permutation_p(y, x, permutations(rng, len(x), n_perm))
 
 
 def pearson(x, y, n_boot: int = 2000, n_perm: int = 2000, seed: int = 0, ci: float = 0.95) -> dict:
@@ -195,3 +191,54 @@ def correlation_difference(x, z, y, n_boot: int = 2000, seed: int = 0, ci: float
         "n": n,
         "n_boot_used": len(draws),
     }  # resamples where a variable was constant have no r and are dropped
+
+
+def control_two_ways(
+    table: pd.DataFrame, predictor: str, control: str, outcome: str, label: str = "relation", **pearson_kw
+) -> tuple[dict, pd.DataFrame]:
+    """A control variable removed from ``predictor`` two ways, with each row's leave-one-out
+    influence on both:
+
+    - **subtraction**: Pearson r of ``predictor - control`` with ``outcome`` (:func:`pearson`). It
+      assumes the control enters the outcome on the predictor's scale, with coefficient 1;
+    - **regression** (partial r, :func:`partial`): ``predictor`` and ``outcome`` residualized on the
+      control by OLS, so the data set the control's coefficient. Equivalent to the t test of
+      ``predictor``'s coefficient in ``outcome ~ predictor + control``.
+
+    The two disagree when the control predicts the outcome less (or more) than one-for-one; which
+    one a reader should believe is what the leave-one-out table and the control's own coefficient
+    (``control_slope``, from the same regression) show. Returns the summary and one row per
+    left-out row: ``r_subtraction`` and ``r_partial`` without it, and their changes."""
+    import statsmodels.api as sm
+
+    t = table[[label, predictor, control, outcome]].dropna()
+    x, z, y = (t[c].to_numpy(float) for c in (predictor, control, outcome))
+    sub = pearson(x - z, y, **pearson_kw)
+    part = partial(x, y, t[[control]])
+    fit = sm.OLS(y, sm.add_constant(np.column_stack([x, z]))).fit()
+    rows = []
+    for i, name in enumerate(t[label]):
+        keep = np.arange(len(t)) != i
+        rs = float(np.corrcoef(x[keep] - z[keep], y[keep])[0, 1])
+        rp = partial(x[keep], y[keep], t[[control]].iloc[keep])["r"]
+        rows.append({label: name, "r_subtraction": rs, "r_partial": rp})
+    loo = pd.DataFrame(rows)
+    loo["change_subtraction"] = loo.r_subtraction - sub["r"]
+    loo["change_partial"] = loo.r_partial - part["r"]
+    summary = {
+        "predictor": predictor,
+        "control": control,
+        "outcome": outcome,
+        "n": len(t),
+        "subtraction": sub,
+        "partial": part,
+        "predictor_slope": float(fit.params[1]),
+        "control_slope": float(fit.params[2]),
+        "control_slope_ci": [float(v) for v in fit.conf_int()[2]],
+        "r_predictor_control": float(np.corrcoef(x, z)[0, 1]),
+        "loo_subtraction": [float(loo.r_subtraction.min()), float(loo.r_subtraction.max())],
+        "loo_partial": [float(loo.r_partial.min()), float(loo.r_partial.max())],
+        "most_influential_subtraction": str(loo.loc[loo.change_subtraction.abs().idxmax(), label]),
+        "most_influential_partial": str(loo.loc[loo.change_partial.abs().idxmax(), label]),
+    }
+    return summary, loo
