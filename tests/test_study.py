@@ -240,6 +240,32 @@ def test_small_study_outputs_are_consistent(finished):
 
 
 @pytest.mark.slow
+def test_the_study_reports_its_covariates_rivals_and_the_recall_contrast(finished):
+    out, result = finished
+    rel, stats, null = result.table("relations"), result.table("stats"), pd.read_csv(out / "null_calibration.csv")
+    # nonlinear probes on the same states and folds, each at its own best layer
+    layers = pd.read_csv(out / "readability_layers.csv")
+    for r in rel.itertuples():
+        g = layers[layers.relation == r.relation]
+        assert r.readability_mlp_kappa == pytest.approx(g.mlp_kappa.max())
+        assert r.readability_knn_kappa == pytest.approx(g.knn_kappa.max())
+    full = stats[(stats.method == "full") & (stats.predictor == "readability_best_kappa")].set_index("analysis")
+    assert {"partial:embedding_kappa", "partial:readability_mlp_kappa", "partial:pretrained_accuracy"} <= set(
+        full.index
+    )
+    # Williams' test: r is the difference of the two correlations with generalization
+    t = rel.dropna(subset=["generalization_kappa_full"])
+    y = t.generalization_kappa_full
+    for z in ("readability_mlp_kappa", "readability_knn_kappa"):
+        diff = np.corrcoef(t.readability_best_kappa, y)[0, 1] - np.corrcoef(t[z], y)[0, 1]
+        assert full.loc[f"williams:{z}", "r"] == pytest.approx(diff)
+        assert np.isfinite(full.loc[f"williams:{z}", "p_monte_carlo"])
+    # the contrast the other way round: recall with readability held fixed, calibrated on the null
+    rec = stats[(stats.method == "full") & (stats.predictor == "pretrained_accuracy")].set_index("analysis")
+    assert "partial:readability_best_kappa" in rec.index and "partial:pretrained_accuracy" not in rec.index
+    assert len(null[(null.predictor == "pretrained_accuracy") & (null.analysis == "partial:readability_best_kappa")])
+
+
 def test_the_study_reports_readability_above_its_baselines(finished):
     """Each relation's baselines (input embeddings; random weights, mean over seeds, at its best
     layer) come from the saved long table; readability above them is the best-layer kappa minus

@@ -61,7 +61,9 @@ class StudyConfig:
     learned computation (input embeddings; the architecture with random weights,
     ``baseline_seeds``) and report readability above that baseline (:mod:`lab.study.baselines`);
     ``baseline_flag``: the baseline kappa above which a relation is flagged as readable from its
-    tokens.
+    tokens. ``nonlinear_probes``: also read each relation with nonlinear probes on the same states
+    and folds (``"mlp"``, ``"knn"``: :mod:`probes.nonlinear`), reported beside readability and
+    compared with it by Williams' test (is *linear* readability the better predictor?).
     """
 
     category: str = "animals"
@@ -88,6 +90,7 @@ class StudyConfig:
     baselines: bool = field(default=True, metadata=OWN_STAGE)
     baseline_seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata=OWN_STAGE)
     baseline_flag: float = field(default=0.2, metadata=SUMMARY_ONLY)
+    nonlinear_probes: tuple[str, ...] = field(default=("mlp", "knn"), metadata=OWN_STAGE)
 
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))

@@ -105,6 +105,54 @@ def baseline_lines(s: dict, rel: pd.DataFrame) -> list[str]:
     ]
 
 
+def controls_lines(stats: pd.DataFrame, method: str) -> list[str]:
+    """Readability against its covariates and rivals, from the statistics table (the main method):
+    the partial r with each covariate held fixed, the paper's contrast both ways (recall with
+    readability held fixed, and readability with recall held fixed), and Williams' test of linear
+    readability against nonlinear decodability; nothing for a study that measured none of them."""
+    t = stats[stats.method == method]
+    head = t[t.predictor == "readability_best_kappa"].set_index("analysis")
+    rec = t[t.predictor == "pretrained_accuracy"].set_index("analysis")
+
+    def stat(frame, analysis):
+        if analysis not in frame.index:
+            return None
+        row = frame.loc[analysis]
+        return f"{_f(row.r)} (Monte-Carlo p = {_p(row.get('p_monte_carlo'))}, conventional p = {_p(row.p_value)})"
+
+    names = {
+        "partial:embedding_kappa": "the embedding-row probe",
+        "partial:pretrained_accuracy": "recall",
+        "partial:readability_mlp_kappa": "the MLP probe",
+        "partial:readability_knn_kappa": "the kNN probe",
+        "partial:all": "all covariates jointly",
+    }
+    parts = [f"{label}: {stat(head, a)}" for a, label in names.items() if stat(head, a)]
+    out = []
+    if parts:
+        out.append("**Readability with each covariate held fixed** (partial r): " + "; ".join(parts) + ".")
+    if "pearson" in rec.index:
+        out.append(
+            "**The paper's contrast, both ways.** Recall (the model's own accuracy on the relation) vs "
+            f"generalization: r = {stat(rec, 'pearson')}; with readability held fixed: "
+            f"{stat(rec, 'partial:readability_best_kappa') or 'n/a'}. Readability with recall held fixed: "
+            f"{stat(head, 'partial:pretrained_accuracy') or 'n/a'}."
+        )
+    rivals = [a for a in head.index if a.startswith("williams:")]
+    if rivals:
+        out.append(
+            "**Is it linear?** Williams' test of r(linear readability, generalization) against r(nonlinear "
+            "decodability, generalization), the difference of the two correlations: "
+            + "; ".join(
+                f"{a.removeprefix('williams:readability_').removesuffix('_kappa').upper()}: {stat(head, a)}"
+                for a in rivals
+            )
+            + ". A positive difference favours linear readability; the Monte-Carlo p is against the study's "
+            "simulated null."
+        )
+    return [line + "\n" for line in out]
+
+
 def study_section(study: Path, figures_to: Path | None = None, prefix: str = "study") -> str:
     s = json.loads((study / "summary.json").read_text())
     stats = pd.read_csv(study / "stats.csv")
@@ -138,6 +186,7 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
         "",
     ]
     out += baseline_lines(s, rel)
+    out += controls_lines(stats, h["method"])
     out += [
         "Mean generalization kappa: "
         + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())

@@ -31,10 +31,13 @@ from scipy import stats
 
 from interp.resampling import correlation_permutation_p, monte_carlo_p, permutations
 
-from .stats import COVARIATES
+from .stats import COVARIATES, RIVALS, williams_t
 
 #: predictor columns of a study's relation table tested beside the headline, when present
 OTHER_PREDICTORS = ("readability_above_baseline", "readability_above_surface")
+#: recall (the pretrained model's accuracy), tested as a predictor with readability held fixed: the
+#: paper's contrast the other way round
+RECALL = "pretrained_accuracy"
 
 
 @dataclass
@@ -52,6 +55,8 @@ class NullDesign:
     #: further kappa predictors tested against the same simulated outcomes, by column name [R]
     #: (readability above its baselines: lab.study.baselines)
     other_predictors: dict[str, np.ndarray] = field(default_factory=dict)
+    #: rival predictors the headline's readability is compared with by Williams' test [R]
+    rivals: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def null_design(
@@ -84,6 +89,7 @@ def null_design(
         None if obs is None else obs.to_numpy(float),
         None if obs_k is None else obs_k.to_numpy(float),
         {c: relations[c].to_numpy(float) for c in OTHER_PREDICTORS if c in relations},
+        {c: relations[c].to_numpy(float) for c in RIVALS if c in relations},
     )
 
 
@@ -130,9 +136,15 @@ def _residualize(v: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def null_statistics(
-    x: np.ndarray, Y: np.ndarray, covariates: pd.DataFrame, n_perm: int = 999, seed: int = 0
+    x: np.ndarray,
+    Y: np.ndarray,
+    covariates: pd.DataFrame,
+    n_perm: int = 999,
+    seed: int = 0,
+    rivals: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """p-values (and r) of every statistic the study reports, for each simulated outcome row."""
+    """p-values (and r) of every statistic the study reports, for each simulated outcome row
+    (``williams:<rival>``: r(x, y) - r(rival, y), with Williams' t test p)."""
     rng = np.random.default_rng(seed)
     S, R = Y.shape
     out: dict[str, np.ndarray] = {}
@@ -153,6 +165,12 @@ def null_statistics(
         ry, _ = _residualize(Y, Z)
         pr = _corr_rows(rx, ry)
         out[name], out[f"p:{name}"] = pr, _t_p(pr, R - 2 - k)
+    for z_name, z in (rivals or {}).items():
+        if np.unique(z).size < 2 or R < 4:
+            continue
+        r_z = _corr_rows(z, Y)
+        w = williams_t(r, r_z, float(np.corrcoef(x, z)[0, 1]), R)
+        out[f"williams:{z_name}"], out[f"p:williams:{z_name}"] = r - r_z, w["p_value"]
     return out
 
 
@@ -194,9 +212,18 @@ def calibration_table(
     ]
     for predictor, x in design.other_predictors.items():  # the same simulated outcomes, another predictor
         tests.append(("generalization_kappa", predictor, x, kap, design.observed_kappa))
+    covariates = {predictor: design.covariates for _, predictor, *_ in tests}
+    if RECALL in design.covariates and design.covariates[RECALL].nunique() > 1:  # recall, readability held fixed
+        recall = design.covariates[RECALL].to_numpy(float)
+        tests.append(("generalization_kappa", RECALL, recall, kap, design.observed_kappa))
+        covariates[RECALL] = design.covariates.drop(columns=[RECALL]).assign(
+            readability_best_kappa=design.readability_kappa
+        )
     for outcome, predictor, x, Y, obs in tests:
-        res = null_statistics(x, Y, design.covariates, n_perm=n_perm, seed=seed + 1)
-        res_obs = null_statistics(x, obs[None, :], design.covariates, n_perm=9, seed=seed) if obs is not None else {}
+        cov = covariates[predictor]
+        rivals = design.rivals if predictor == "readability_best_kappa" else None
+        res = null_statistics(x, Y, cov, n_perm=n_perm, seed=seed + 1, rivals=rivals)
+        res_obs = null_statistics(x, obs[None, :], cov, n_perm=9, seed=seed, rivals=rivals) if obs is not None else {}
         for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:
             p = res[f"p:{name}"]
             r = res[name if name in res else "pearson"]

@@ -28,7 +28,7 @@ from interp.models import Model
 from interp.progress import progress_bar
 from interp.relations import Relation
 from interp.results import write_table
-from lab.stages import DERIVED, Codec, Stage, parquet_codec
+from lab.stages import ADDED, DERIVED, Codec, Stage, parquet_codec
 from probes import ProbeSweep
 from probes.readability import best_layers, readability_by_layer
 
@@ -44,6 +44,9 @@ class ReadabilityInputs:
     top_k: int
     fixed_layer: int
     progress: bool | None = field(default=None, metadata=DERIVED)
+    #: nonlinear probes on the same states and folds (:mod:`probes.nonlinear`; their kappas join
+    #: the per-layer table)
+    nonlinear: tuple[str, ...] = field(default=(), metadata=ADDED)
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,14 @@ class Readability:
 
 
 def readability(inputs: ReadabilityInputs) -> Readability:
-    sweep = ProbeSweep(folds=inputs.folds, C=inputs.C, top_k=inputs.top_k, readout_k=10_000, progress=inputs.progress)
+    sweep = ProbeSweep(
+        folds=inputs.folds,
+        C=inputs.C,
+        top_k=inputs.top_k,
+        readout_k=10_000,
+        progress=inputs.progress,
+        nonlinear=inputs.nonlinear,
+    )
     model = inputs.model
     table = sweep.run(model, list(inputs.relations), model_name=model.name)
     layers = readability_by_layer(table, sweep.readout_)

@@ -24,9 +24,17 @@ from scipy import stats
 
 from interp.resampling import bootstrap_indices, correlation_permutation_p, percentile_interval, permutations
 
-#: covariates the partial correlations control for, separately and jointly (``chance``: the
-#: prior-matched chance level sum p_a^2 of the held-out subjects' answers)
-COVARIATES = ["n_finetune_subjects", "n_answers", "chance", "pretrained_accuracy", "subject_frequency"]
+#: covariates the partial correlations control for, separately and jointly, those a study measured
+#: (``chance``: the prior-matched chance level sum p_a^2 of the held-out subjects' answers;
+#: ``pretrained_accuracy``: recall, the model's own accuracy on the original relation;
+#: ``embedding_kappa``: the same probe on the name's input embeddings, :mod:`lab.study.baselines`;
+#: ``readability_mlp_kappa`` / ``readability_knn_kappa``: nonlinear probes on the same states and
+#: folds, :mod:`probes.nonlinear`)
+COVARIATES = ["n_finetune_subjects", "n_answers", "chance", "pretrained_accuracy", "subject_frequency",
+              "embedding_kappa", "readability_mlp_kappa", "readability_knn_kappa"]  # fmt: skip
+#: rival predictors of generalization that the headline's readability is compared with (Williams'
+#: test of two correlations sharing the outcome): decodability that is not linear
+RIVALS = ["readability_mlp_kappa", "readability_knn_kappa"]
 
 
 def permutation_p(x, y, n_perm: int = 2000, rng=None) -> float:
@@ -131,23 +139,46 @@ def partial(x, y, covariates: pd.DataFrame) -> dict:
 
 
 def correlation_table(
-    table: pd.DataFrame, predictor: str, outcome: str, covariates: list[str], n_boot: int, n_perm: int, seed: int = 0
+    table: pd.DataFrame,
+    predictor: str,
+    outcome: str,
+    covariates: list[str],
+    n_boot: int,
+    n_perm: int,
+    seed: int = 0,
+    rivals: list[str] = (),
 ) -> list[dict]:
-    """Pearson (with CI and permutation p), Spearman, and partial correlations (each covariate
-    alone, then all jointly) of ``predictor`` with ``outcome`` across the rows of ``table``."""
+    """Pearson (with CI and permutation p), Spearman, partial correlations (each covariate alone,
+    then all jointly) of ``predictor`` with ``outcome`` across the rows of ``table``, and
+    Williams' test against each of ``rivals`` (``williams:<rival>``: ``r`` is the difference of
+    the two correlations)."""
     x, y = table[predictor].to_numpy(float), table[outcome].to_numpy(float)
     rows = [
         dict(analysis="pearson", **pearson(x, y, n_boot, n_perm, seed)),
         dict(analysis="spearman", **spearman(x, y)),
     ]
     # a partial correlation on one covariate needs n - 3 >= 1 degrees of freedom (fewer relations
-    # remain when fine-tunes failed: lab.study.failures); with fewer it is left out
-    usable = [c for c in covariates if table[c].nunique() > 1] if len(table) >= 4 else []
+    # remain when fine-tunes failed: lab.study.failures); with fewer it is left out. A covariate
+    # the study did not measure (no column) or the predictor itself is left out too
+    usable = (
+        [c for c in covariates if c != predictor and c in table and table[c].nunique() > 1] if len(table) >= 4 else []
+    )
     for c in usable:
         rows.append(dict(analysis=f"partial:{c}", **partial(x, y, table[[c]])))
     if len(usable) > 1 and len(table) - 2 - len(usable) >= 1:
         rows.append(dict(analysis="partial:all", **partial(x, y, table[usable])))
+    for z in rivals:
+        if z in table and z != predictor and table[z].nunique() > 1 and len(table) >= 4:
+            rows.append(dict(analysis=f"williams:{z}", **williams(x, table[z].to_numpy(float), y)))
     return [dict(predictor=predictor, outcome=outcome, **r) for r in rows]
+
+
+def williams(x, z, y) -> dict:
+    """``r(x, y) - r(z, y)`` (in ``r``) with Williams' t test p (:func:`williams_t`) that the two
+    correlations with ``y`` are equal."""
+    r = lambda a, b: float(np.corrcoef(a, b)[0, 1])  # noqa: E731
+    w = williams_t(r(x, y), r(z, y), r(x, z), len(y))
+    return {"r": r(x, y) - r(z, y), "p_value": w["p_value"], "n": len(y), "t": w["t"]}
 
 
 def williams_t(r_yx: float, r_yz: float, r_xz: float, n: int) -> dict:
@@ -158,13 +189,16 @@ def williams_t(r_yx: float, r_yz: float, r_xz: float, n: int) -> dict:
 
     if n < 4:
         return {"t": float("nan"), "p_value": float("nan")}
+    r_yx, r_yz = np.asarray(r_yx, float), np.asarray(r_yz, float)  # arrays: one test per element
     det = 1 - r_yx**2 - r_yz**2 - r_xz**2 + 2 * r_yx * r_yz * r_xz
     mean = (r_yx + r_yz) / 2
     denom = 2 * (n - 1) / (n - 3) * det + mean**2 * (1 - r_xz) ** 3
-    if denom <= 0:
-        return {"t": float("nan"), "p_value": float("nan")}
-    t = (r_yx - r_yz) * np.sqrt((n - 1) * (1 + r_xz) / denom)
-    return {"t": float(t), "p_value": float(2 * sps.t.sf(abs(t), n - 3))}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = np.where(denom > 0, (r_yx - r_yz) * np.sqrt((n - 1) * (1 + r_xz) / np.where(denom > 0, denom, 1)), np.nan)
+    p = 2 * sps.t.sf(np.abs(t), n - 3)
+    if t.ndim == 0:
+        return {"t": float(t), "p_value": float(p)}
+    return {"t": t, "p_value": p}
 
 
 def correlation_difference(x, z, y, n_boot: int = 2000, seed: int = 0, ci: float = 0.95) -> dict:

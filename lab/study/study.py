@@ -173,7 +173,14 @@ class Study:
         """The probe sweep on the pretrained model (computed once, then read back)."""
         c = self.config
         inputs = ReadabilityInputs(
-            self.model, self.spec.relations, c.folds, c.probe_C, c.top_k, self.fixed_layer, self.progress
+            self.model,
+            self.spec.relations,
+            c.folds,
+            c.probe_C,
+            c.top_k,
+            self.fixed_layer,
+            self.progress,
+            tuple(c.nonlinear_probes),
         )
         return runner.run(Task(READABILITY, inputs, "probe_readout.parquet"))
 

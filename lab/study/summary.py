@@ -26,7 +26,7 @@ from .failures import failure_reason, failure_summary
 from .null import null_tables
 from .readout import Readability
 from .report import write_report
-from .stats import COVARIATES, correlation_table, pearson
+from .stats import COVARIATES, RIVALS, correlation_table, pearson
 
 #: (predictor, outcome) pairs the statistics table holds; the first is the headline
 PAIRS = [
@@ -40,6 +40,9 @@ RAW = PAIRS[2]
 #: the headline with readability above its baseline (:mod:`lab.study.baselines`), when measured
 ABOVE = ("readability_above_baseline", "generalization_kappa")
 ABOVE_SURFACE = ("readability_above_surface", "generalization_kappa")
+#: the paper's contrast the other way round: does recall (the model's own accuracy on the relation)
+#: predict generalization with readability held fixed? (its covariates: readability, then the rest)
+RECALL = ("pretrained_accuracy", "generalization_kappa")
 
 
 def relation_table(spec: StudySpec, layers, pretrained, runs, best, designed=None) -> pd.DataFrame:
@@ -71,6 +74,11 @@ def relation_table(spec: StudySpec, layers, pretrained, runs, best, designed=Non
             ),
             "subject_frequency": float(pre.subject_frequency.mean()),
         }
+        for probe in ("mlp", "knn"):  # nonlinear probes (probes.nonlinear), each at its own best layer
+            if f"{probe}_kappa" in layers:
+                k = lay.loc[name, f"{probe}_kappa"]
+                row[f"readability_{probe}_kappa"] = float(k.max())
+                row[f"{probe}_best_layer"] = int(k.idxmax()) if k.notna().any() else -1
         props = relations[name].properties
         for k in ("augment", "bio", "templates", "mentions", "derived_from"):
             if k in props:
@@ -134,7 +142,9 @@ def _correlations(t: pd.DataFrame, x: str, y: str, c) -> list[dict]:
         why = f"undefined ({len(t)} relations with a fine-tune that learned; needs 3)"
         row = dict(r=np.nan, ci_low=np.nan, ci_high=np.nan, ci_method=why, p_value=np.nan, n=len(t))
         return [dict(predictor=x, outcome=y, analysis="pearson", **row)]
-    return correlation_table(t, x, y, COVARIATES, c.n_boot, c.n_perm)
+    covariates = [HEADLINE[0], *COVARIATES] if x == RECALL[0] else COVARIATES
+    rivals = RIVALS if x == HEADLINE[0] else []
+    return correlation_table(t, x, y, covariates, c.n_boot, c.n_perm, rivals=rivals)
 
 
 def robustness_table(spec: StudySpec, rel: pd.DataFrame, runs: dict) -> pd.DataFrame:
@@ -332,6 +342,8 @@ def write_summary(
         kappas = dict(zip(rel.relation, rel.readability_best_kappa))
         rel = rel.merge(baseline_columns(baselines, best, kappas, c.baseline_flag), on="relation", how="left")
     pairs = PAIRS + ([ABOVE, ABOVE_SURFACE] if baselines is not None else [])
+    if rel[RECALL[0]].nunique() > 1:  # an encoder has no recall (undefined: NaN)
+        pairs.append(RECALL)
     m0 = c.methods[0]
 
     def main_key(name, m):

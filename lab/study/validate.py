@@ -16,6 +16,7 @@ import warnings
 
 from interp.relations import RelationError
 from interp.trainable import lora_targets
+from probes.nonlinear import NONLINEAR
 
 from .config import StudySpec
 
@@ -72,6 +73,9 @@ def _config_problems(spec: StudySpec) -> list[str]:
         v = getattr(c, name)
         if not v or len(set(v)) != len(v):
             out.append(f"{name} {tuple(v)!r}: give at least one seed, each once")
+    unknown = [n for n in c.nonlinear_probes if n not in NONLINEAR]
+    if unknown:
+        out.append(f"nonlinear_probes {list(unknown)}: the nonlinear probes are {', '.join(NONLINEAR)}")
     if c.baselines and (not c.baseline_seeds or len(set(c.baseline_seeds)) != len(c.baseline_seeds)):
         out.append(
             f"baseline_seeds {tuple(c.baseline_seeds)!r}: give at least one random-weight seed, each once "
