@@ -21,19 +21,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from test_grouped_finetunes import _world_specs  # noqa: E402
-
 from lab.study import FinetuneConfig  # noqa: E402
 from lab.study.finetune import finetune  # noqa: E402
+from lab.study.run import main_finetune_specs  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +36,7 @@ def main() -> None:
     parser.add_argument("--perturbations", type=int, default=4)
     args = parser.parse_args()
     names = ["continent", "hand", "diet"]
-    model, specs, heldout = _world_specs(names, [0, 1, 2])
+    model, specs, heldout = main_finetune_specs("world", names, [0, 1, 2])
     specs[0] = replace(specs[0], prompts=specs[0].prompts[:12], labels=specs[0].labels[:12])
     config = FinetuneConfig(max_steps=90, check_every=10)
     state = copy.deepcopy(model.module.state_dict())

@@ -32,7 +32,7 @@ def main() -> None:
     import torch
 
     from jacobians import jacobian
-    from jacobians.jacobian import _positions, forward_with_input
+    from jacobians.jacobian import forward_with_input, positions_tensor
     from lab.world import from_world, load_world
 
     torch.set_num_threads(2)
@@ -48,8 +48,8 @@ def main() -> None:
         out = []
         for p in prompts:
             batch = model.batch(model.encode([p]), "right")
-            wpos = _positions(model, [p], batch, "subject_last")
-            opos = _positions(model, [p], batch, "last")
+            wpos = positions_tensor(model, [p], batch, "subject_last")
+            opos = positions_tensor(model, [p], batch, "last")
             x0, _ = forward_with_input(model, batch, wrt, of, wpos, opos)
             f = lambda x: forward_with_input(model, batch, wrt, of, wpos, opos, x=x)[1]  # noqa: E731
             out.append(torch.autograd.functional.jacobian(f, x0.detach(), vectorize=vectorize)[0, :, 0])

@@ -27,7 +27,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TQDM_DISABLE", "1")
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 RELATIONS = ["continent", "hand", "season", "diet", "league", "sign"]
 
@@ -85,9 +84,9 @@ def study_throughput(root: Path) -> list[tuple[str, float, int]]:
 
 
 def sweep_memory(root: Path):
-    from test_distributed import _synthetic_store
+    from interp.store import synthetic_store
 
-    store = _synthetic_store(root / "store")
+    store = synthetic_store(root / "store")
     out = {}
     for mode in ("in_memory", "out_of_core"):
         start = time.perf_counter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,25 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextmanager
+def atomic_dir(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A fresh folder beside ``path`` (``<path><suffix>``, emptied first) to write a whole
+    directory into; on success it replaces ``path`` (its old contents removed), on failure it is
+    removed and ``path`` is untouched. Readers see the old folder or the whole new one (the swap
+    is two renames apart: a crash between them leaves no ``path``, never a partial one)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + suffix)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

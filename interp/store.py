@@ -148,3 +148,32 @@ class ActivationStore:
             f"ActivationStore({str(self.root)!r}, rows={self.n_rows}, shards={self.n_shards}, "
             f"sites={len(self.sites)}, complete={self.complete})"
         )
+
+
+def synthetic_store(root: str | Path, n: int = 12000, d: int = 256, n_sites: int = 24, seed: int = 0) -> Path:
+    """A planted activation store for benchmarks and tests (as scikit-learn's ``make_classification``):
+    ``n`` rows of ``n_sites`` sites (``blocks.{i}.hook_resid_post``), ``d`` wide, in shards of 2,000;
+    each row is its answer's mean (4 answers) scaled by ``0.05 (i + 1)`` at site ``i`` plus unit
+    Gaussian noise, so readability rises with the layer. ``labels.json`` beside it holds the subjects
+    and answers. Returns ``root``."""
+    root = Path(root)
+    gen = torch.Generator().manual_seed(seed)
+    answers = torch.randint(0, 4, (n,), generator=gen)
+    means = torch.randn(4, d, generator=gen)
+    store = ActivationStore(root)
+    sites = [f"blocks.{i}.hook_resid_post" for i in range(n_sites)]
+    shard = 2000
+    store.prepare({"model": "synthetic", "data": "synthetic", "sites": sites, "dtype": "float32"}, n, shard)
+    for k in range(-(-n // shard)):
+        rows = slice(k * shard, min(n, (k + 1) * shard))
+        store.write_shard(
+            k,
+            {
+                s: (means[answers[rows]] * (0.05 * (i + 1)) + torch.randn(rows.stop - rows.start, d, generator=gen))
+                for i, s in enumerate(sites)
+            },
+        )
+    write_json(
+        {"subjects": [f"s{i}" for i in range(n)], "answers": [f"a{int(a)}" for a in answers]}, root / "labels.json"
+    )
+    return root

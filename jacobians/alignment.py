@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 
-from .jacobian import _check_order, batches, coordinates_per_pass, forward_with_input, jacobian_of, vjp
+from .jacobian import batches, check_order, coordinates_per_pass, forward_with_input, jacobian_of, vjp
 
 Tensor = torch.Tensor
 
@@ -89,7 +89,7 @@ def jacobian_alignment(
     x: Tensor | None = None,
 ) -> pd.DataFrame:
     """All alignment measures per prompt, from full per-example Jacobians."""
-    _check_order(model, wrt, of)
+    check_order(model, wrt, of)
     frames = []
     for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
         chunk = coordinates_per_pass(model, batch, wrt, of)

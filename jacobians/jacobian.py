@@ -37,7 +37,7 @@ class JacobianError(ValueError):
     """An impossible Jacobian: output before input, no dependence, bad shapes."""
 
 
-def _check_order(model, wrt: str, of: str) -> None:
+def check_order(model, wrt: str, of: str) -> None:
     model.check_sites([wrt] + ([] if of == "logits" else [of]))
     if of != "logits" and parse_site(of).order <= parse_site(wrt).order:
         raise JacobianError(
@@ -46,7 +46,7 @@ def _check_order(model, wrt: str, of: str) -> None:
         )
 
 
-def _positions(model, prompts, batch: Batch, spec) -> Tensor:
+def positions_tensor(model, prompts, batch: Batch, spec) -> Tensor:
     """Padded index of one position per prompt (``"last"``, ``"subject_last"``, ``"subject_first"`` or an int)."""
     enc = model.encode(prompts)
     out = []
@@ -64,7 +64,8 @@ def batches(model, prompts, batch_size: int, wrt_position, of_position):
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i : i + batch_size]
         batch = model.batch(model.encode(chunk), "right")
-        yield chunk, batch, _positions(model, chunk, batch, wrt_position), _positions(model, chunk, batch, of_position)
+        wrt_ix = positions_tensor(model, chunk, batch, wrt_position)
+        yield chunk, batch, wrt_ix, positions_tensor(model, chunk, batch, of_position)
 
 
 def forward_with_input(
@@ -111,7 +112,7 @@ def jacobian(
     """Per-example Jacobian ``d of[of_position] / d wrt[wrt_position]`` for each prompt."""
     if method not in ("vmap", "loop"):
         raise ValueError(f"method must be 'vmap' or 'loop', got {method!r}")
-    _check_order(model, wrt, of)
+    check_order(model, wrt, of)
     out = []
     for _, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
         chunk = coordinates_per_pass(model, batch, wrt, of) if method == "vmap" else None
@@ -214,7 +215,7 @@ def vjp(
 ) -> tuple[Tensor, Tensor]:
     """``(x, J^T v)`` per example with one backward pass; ``v`` defaults to all ones (the
     GrokAlign centroid ``mu_x = J_x^T 1``)."""
-    _check_order(model, wrt, of)
+    check_order(model, wrt, of)
     xs, gs, i = [], [], 0
     for chunk, batch, wpos, opos in batches(model, prompts, batch_size, wrt_position, of_position):
         x, y = forward_with_input(model, batch, wrt, of, wpos, opos)

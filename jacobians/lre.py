@@ -32,7 +32,7 @@ from jaxtyping import Float
 from interp.prompts import Prompt
 from interp.sites import site_name
 
-from .jacobian import _positions, coordinates_per_pass, forward_with_input, jacobian_of
+from .jacobian import coordinates_per_pass, forward_with_input, jacobian_of, positions_tensor
 
 Tensor = torch.Tensor
 
@@ -133,8 +133,8 @@ class LinearRelationalEmbedding:
         for i in range(0, len(prompts), self.batch_size):
             chunk = prompts[i : i + self.batch_size]
             batch = self.model.batch(self.model.encode(chunk), "right")
-            spos = _positions(self.model, chunk, batch, "subject_last")
-            lpos = _positions(self.model, chunk, batch, "last")
+            spos = positions_tensor(self.model, chunk, batch, "subject_last")
+            lpos = positions_tensor(self.model, chunk, batch, "last")
             yield batch, spos, lpos
 
     # fitting ------------------------------------------------------------------------------------

@@ -196,7 +196,11 @@ def test_a_study_gives_the_same_tables_on_both_backends(name, tmp_path):
     pass); a probe's ranking of *wrong* answers may swap two near-tied answers (at most 0.1% of the
     rankings; the predicted answer never differs); the shuffled-label control probe, which fits
     noise and has many near ties, may flip one subject's prediction in a fold (its accuracy and the
-    selectivity within 0.004); ``trainable_params`` counts the bridge's own
+    selectivity within 0.004); the MLP probe (:mod:`probes.nonlinear`) is not convex, so a 1e-7
+    difference in the states flips a few of its held-out predictions (5% of one world relation's
+    under a 1e-6 relative perturbation, measured): its kappa and accuracy agree within 0.06, its
+    predictions in 90%, and the statistics built on it are compared for presence only (the kNN
+    probe is held to 1e-4); ``trainable_params`` counts the bridge's own
     parameters, which hold q/k/v both fused and split. Everything else (every prediction, label,
     count and string) is identical."""
     from conftest import STUDY_RELATIONS
@@ -231,12 +235,19 @@ def test_a_study_gives_the_same_tables_on_both_backends(name, tmp_path):
     for table in STUDY_TABLES:
         x, y = a[table], b[table]
         assert list(x.columns) == list(y.columns) and len(x) == len(y), table
+        if table == "stats":  # statistics on the MLP probe's kappa: present on both, values noisy (above)
+            mlp = x.analysis.str.contains("mlp")
+            assert (mlp == y.analysis.str.contains("mlp")).all()
+            x, y = x[~mlp], y[~mlp]
         for col in x.columns:
-            if col == "trainable_params":
+            if col in ("trainable_params", "mlp_best_layer"):
+                continue
+            if "mlp" in col and not pd.api.types.is_float_dtype(x[col]):  # the MLP's predicted answers
+                assert (x[col].astype(str) != y[col].astype(str)).mean() <= 0.1, col
                 continue
             if pd.api.types.is_float_dtype(x[col]):
                 assert (x[col].isna() == y[col].isna()).all(), (table, col)
-                tol = 0.004 if col in ("control_accuracy", "selectivity") else 1e-4
+                tol = 0.004 if col in ("control_accuracy", "selectivity") else 0.06 if "mlp" in col else 1e-4
                 assert not (x[col] - y[col]).abs().max() >= tol, (table, col)
             else:
                 differ = ~((x[col].isna() & y[col].isna()) | (x[col].astype(str) == y[col].astype(str)))

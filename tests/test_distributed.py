@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+from interp.store import synthetic_store
 from lab.executors import JobsFailedError, RayExecutor, SerialExecutor
 
 RELATIONS = ["continent", "hand", "season", "diet"]
@@ -207,31 +208,6 @@ def test_models_loaded_from_disk_record_their_source(model_dirs):  # what Ray wo
 
 
 # --- out-of-core probe sweeps ------------------------------------------------------------------------------
-def _synthetic_store(root: Path, n: int = 12000, d: int = 256, n_sites: int = 24) -> Path:
-    from interp.store import ActivationStore
-
-    gen = torch.Generator().manual_seed(0)
-    answers = torch.randint(0, 4, (n,), generator=gen)
-    means = torch.randn(4, d, generator=gen)
-    store = ActivationStore(root)
-    sites = [f"blocks.{i}.hook_resid_post" for i in range(n_sites)]
-    shard = 2000
-    store.prepare({"model": "synthetic", "data": "synthetic", "sites": sites, "dtype": "float32"}, n, shard)
-    for k in range(-(-n // shard)):
-        rows = slice(k * shard, min(n, (k + 1) * shard))
-        store.write_shard(
-            k,
-            {
-                s: (means[answers[rows]] * (0.05 * (i + 1)) + torch.randn(rows.stop - rows.start, d, generator=gen))
-                for i, s in enumerate(sites)
-            },
-        )
-    (root / "labels.json").write_text(
-        json.dumps({"subjects": [f"s{i}" for i in range(n)], "answers": [f"a{int(a)}" for a in answers]})
-    )
-    return root
-
-
 def _sweep(store: Path, mode: str, tmp_path: Path) -> tuple[dict, pd.DataFrame]:
     script = Path(__file__).parent / "out_of_core_sweep.py"
     csv = tmp_path / f"{mode}.csv"
@@ -243,7 +219,7 @@ def _sweep(store: Path, mode: str, tmp_path: Path) -> tuple[dict, pd.DataFrame]:
 
 @pytest.mark.slow
 def test_out_of_core_sweep_stays_under_a_memory_cap(tmp_path):
-    store = _synthetic_store(tmp_path / "store")  # 24 sites x 12,000 x 256 float32: 281 MB
+    store = synthetic_store(tmp_path / "store")  # 24 sites x 12,000 x 256 float32: 281 MB
     cap_mb = 240.0  # one site's features plus the probe fit's working memory fit; the store does not
     ooc, ooc_table = _sweep(store, "out_of_core", tmp_path)
     mem, mem_table = _sweep(store, "in_memory", tmp_path)

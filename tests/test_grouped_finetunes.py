@@ -5,7 +5,6 @@ fine-tunes against the one-at-a-time ones, and a study on the grouped executor a
 from __future__ import annotations
 
 import copy
-import tempfile
 
 import pandas as pd
 import pytest
@@ -15,9 +14,9 @@ from tiny_models import build
 import interp
 from interp.grouped import Grouped, dropout_in
 from interp.trainable import LoraSpec
-from lab.study import FinetuneConfig, StudyConfig
-from lab.study.config import design_for
+from lab.study import FinetuneConfig
 from lab.study.finetune import FinetuneSpec, finetune, finetune_group, group_size
+from lab.study.run import main_finetune_specs
 
 #: how far two fine-tunes that differ only in float rounding end apart (final loss, absolute).
 #: Measured by benchmarks/float_noise.py (base weights scaled by 1 + 2**-23 N(0, 1), which is what
@@ -109,26 +108,6 @@ def test_a_model_with_dropout_is_refused_before_any_work():
     assert not dropout_in(interp.load_model("world").module)
 
 
-def _world_specs(names, seeds):
-    config = StudyConfig(label_seeds=(0,), finetune_seeds=(0,), other_categories=())
-    from lab.study.run import make_study
-
-    study, _ = make_study("world", names, tempfile.mkdtemp(), config, "nnsight", False, min_relations=1)
-    specs = []
-    for name, seed in zip(names, seeds):
-        r = study.relations[name]
-        d = design_for(r, study.labels, config, config.category, 0)
-        tmpl = config.finetune.template
-        prompts = [tmpl.format(r.subjects[i]) for i in d.finetune]
-        specs.append(FinetuneSpec(prompts, [d.mapping[r.answers[i]] for i in d.finetune], d.labels, seed))
-    heldout = {
-        name: [config.finetune.template.format(study.relations[name].subjects[i]) for i in d.heldout]
-        for name in names
-        for d in [design_for(study.relations[name], study.labels, config, config.category, 0)]
-    }
-    return study.model, specs, heldout
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_a_group_of_world_fine_tunes_equals_the_one_at_a_time_ones(method):
@@ -139,7 +118,7 @@ def test_a_group_of_world_fine_tunes_equals_the_one_at_a_time_ones(method):
     from dataclasses import replace
 
     names = ["continent", "hand", "diet"]
-    model, specs, heldout = _world_specs(names, [0, 1, 2])
+    model, specs, heldout = main_finetune_specs("world", names, [0, 1, 2])
     specs[0] = replace(specs[0], prompts=specs[0].prompts[:12], labels=specs[0].labels[:12])
     config = FinetuneConfig(max_steps=90, check_every=10)
     grouped = finetune_group(model, specs, method, config)
@@ -159,7 +138,7 @@ def test_a_group_of_world_fine_tunes_equals_the_one_at_a_time_ones(method):
 def test_a_diverging_job_stops_alone_in_its_group():
     """A learning rate that diverges: every job stops at the step its loss becomes non-finite, as
     one at a time, with its parameters as they were before that step."""
-    model, specs, _ = _world_specs(["continent", "hand"], [0, 1])
+    model, specs, _ = main_finetune_specs("world", ["continent", "hand"], [0, 1])
     config = FinetuneConfig(lr=1e6, max_steps=30, check_every=10)
     grouped = finetune_group(model, specs, "full", config)
     for spec, (tuned_g, info_g) in zip(specs, grouped):

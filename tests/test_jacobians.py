@@ -18,7 +18,7 @@ from jacobians import (
     jacobian_of,
     projected_norm_sq,
 )
-from jacobians.jacobian import _positions, forward_with_input
+from jacobians.jacobian import forward_with_input, positions_tensor
 
 PROMPTS = ["Paris is the capital of France", "Rome is the capital of Italy", "Tokyo is the capital of Japan"]
 
@@ -26,8 +26,8 @@ PROMPTS = ["Paris is the capital of France", "Rome is the capital of Italy", "To
 def _reference(model, prompt, wrt, of, wrt_position="last", of_position="last"):
     """torch.autograd.functional.jacobian on a one-example function, and central differences."""
     batch = model.batch(model.encode([prompt]), "right")
-    wpos = _positions(model, [interp.Prompt(prompt)], batch, wrt_position)
-    opos = _positions(model, [interp.Prompt(prompt)], batch, of_position)
+    wpos = positions_tensor(model, [interp.Prompt(prompt)], batch, wrt_position)
+    opos = positions_tensor(model, [interp.Prompt(prompt)], batch, of_position)
     x0, _ = forward_with_input(model, batch, wrt, of, wpos, opos)
     x0 = x0.detach().double()
 

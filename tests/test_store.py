@@ -68,3 +68,24 @@ def test_store_refuses_a_different_capture(model_dirs, tmp_path):
     interp.capture(model, PROMPTS, sites=["blocks.0.hook_resid_post"], store=tmp_path / "s", shard_size=8)
     with pytest.raises(StoreMismatchError, match="differs in: sites"):
         interp.capture(model, PROMPTS, sites=["blocks.1.hook_resid_post"], store=tmp_path / "s", shard_size=8)
+
+
+def test_atomic_writes_leave_the_old_file_or_folder_on_failure(tmp_path):
+    from interp.results import atomic_dir, atomic_path
+
+    f = tmp_path / "t.csv"
+    f.write_text("old")
+    with pytest.raises(RuntimeError), atomic_path(f) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert f.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["t.csv"]
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "weights").write_text("old")
+    with pytest.raises(RuntimeError), atomic_dir(d) as tmp:
+        (tmp / "weights").write_text("half")
+        raise RuntimeError("killed")
+    assert (d / "weights").read_text() == "old" and not (tmp_path / "model.tmp").exists()
+    with atomic_dir(d) as tmp:
+        (tmp / "config").write_text("new")
+    assert [p.name for p in d.iterdir()] == ["config"]  # replaced whole: the old contents are gone

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from interp.results import load_table, write_text
-from lab.study.findings import _f, _table
+from lab.markdown import md_table, num
 
 
 def reading(stats: pd.DataFrame, curve: pd.DataFrame) -> str:
@@ -64,7 +64,7 @@ def _faithfulness(summary: pd.DataFrame, extra: tuple[str, ...] = ()) -> str:
         "excess_high",
         "p_random_cpr",
     ]
-    return _table(summary[[c for c in cols if c in summary]])
+    return md_table(summary[[c for c in cols if c in summary]])
 
 
 def induction_section(folder: Path, figures_to: Path | None = None) -> str:
@@ -85,15 +85,15 @@ def induction_section(folder: Path, figures_to: Path | None = None) -> str:
         "",
         f"`interp circuits induction --out {folder}` ({n_pairs} pairs, single-token corruption). Attention "
         f"to the previous token: {prev}; induction scores: {ind}. Metric: the answer's log-probability, clean "
-        f"{_f(summary['clean_metric'])}, corrupted {_f(summary['corrupted_metric'])}.",
+        f"{num(summary['clean_metric'])}, corrupted {num(summary['corrupted_metric'])}.",
         "",
         "**Path patching** (corrupted senders into the clean run, frozen MLPs), the six edges with the largest effect:",
         "",
-        _table(top),
+        md_table(top),
         "",
         "**Activation patching** of each head's output (clean into corrupted, all positions):",
         "",
-        _table(heads),
+        md_table(heads),
         "",
         _known(summary),
         f"**Faithfulness of edge circuits** ({curve.attrs.get('n_edges')} edges, MIB's grid of sizes; EAP and "
@@ -122,7 +122,7 @@ def _known(summary: dict) -> str:
     return (
         f"**The known circuit.** From the attention patterns, {len(known['edges'])} of the "
         f"{known['n_graph_edges']} edges should carry the behaviour: {edges}. Kept alone (every other edge "
-        f"patched) they give f = {_f(known['faithfulness'])}; EAP-IG-inputs' top {len(known['edges'])} edges "
+        f"patched) they give f = {num(known['faithfulness'])}; EAP-IG-inputs' top {len(known['edges'])} edges "
         f"{top}.\n"
     )
 
@@ -135,8 +135,8 @@ def relation_section(folder: Path, figures_to: Path | None = None) -> str:
         "",
         f"`interp circuits relation {relation} --out {folder}` (world model, {rc.attrs.get('method')} "
         f"fine-tune, label category {rc.attrs.get('category')}). Logit difference clean / corrupted: before "
-        f"{_f(rc.attrs['before']['clean_score'])} / {_f(rc.attrs['before']['corrupted_score'])}, after "
-        f"{_f(rc.attrs['after']['clean_score'])} / {_f(rc.attrs['after']['corrupted_score'])}.",
+        f"{num(rc.attrs['before']['clean_score'])} / {num(rc.attrs['before']['corrupted_score'])}, after "
+        f"{num(rc.attrs['after']['clean_score'])} / {num(rc.attrs['after']['corrupted_score'])}.",
         "",
     ]
     for stage in ("before", "after"):
@@ -146,7 +146,7 @@ def relation_section(folder: Path, figures_to: Path | None = None) -> str:
             f"**{stage.capitalize()}**: {n_sig} of {len(part)} components have a 95% interval excluding 0, "
             f"{int((part.p_fdr < 0.05).sum())} an FDR-adjusted p below 0.05. The five largest:",
             "",
-            _table(
+            md_table(
                 part.sort_values("normalized", ascending=False).head(5)[
                     ["component", "normalized", "effect", "ci_low", "ci_high", "p_value", "p_fdr"]
                 ]

@@ -22,7 +22,6 @@ Train your own with ``interp circuits train-induction --out DIR`` (about a minut
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from circuits.faithfulness import Faithfulness
 from circuits.pairs import Pairs, make_pairs
 from circuits.path_patching import PathPatching
 from interp.models import ModelNotFoundError
-from interp.results import save_table, write_json
+from interp.results import atomic_dir, save_table, write_json
 from interp.training import TrainingLoop, seed_torch
 from lab.world.tokenizer import build_tokenizer
 
@@ -150,15 +149,11 @@ def train_induction_model(
     model.eval()
     log = loop.rows
     out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    write_json(asdict(config), tmp / "train_config.json")
-    write_json(log, tmp / "train_log.json")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_json(asdict(config), tmp / "train_config.json")
+        write_json(log, tmp / "train_log.json")
     return out
 
 

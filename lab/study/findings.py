@@ -12,38 +12,10 @@ import numpy as np
 import pandas as pd
 
 from interp.results import write_text
+from lab.markdown import md_table, num, pval
 
 from .interventions import section as interventions_summary
 from .stats import control_two_ways
-
-
-def _f(v, digits: int = 3) -> str:
-    try:
-        return "n/a" if pd.isna(v) else f"{v:.{digits}f}"
-    except TypeError:
-        return str(v)
-
-
-def _p(v) -> str:
-    return "n/a" if pd.isna(v) else f"{v:.2g}"
-
-
-def _table(df: pd.DataFrame, digits: int = 3) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        lines.append(
-            "| "
-            + " | ".join(
-                (_p(v) if c.startswith("p_") or c.startswith("p ") else _f(v, digits))
-                if isinstance(v, float)
-                else str(v)
-                for c, v in zip(cols, row)
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
 
 METHODS = (
     """## How to read these numbers
@@ -84,8 +56,8 @@ def baseline_lines(s: dict, rel: pd.DataFrame) -> list[str]:
 
     def corr(d):
         p = d["pearson"]
-        mc = _p(p.get("p_monte_carlo"))
-        return f"r = **{_f(p['r'])}** ({_f(p['ci'][0])} to {_f(p['ci'][1])}; Monte-Carlo p = {mc})"
+        mc = pval(p.get("p_monte_carlo"))
+        return f"r = **{num(p['r'])}** ({num(p['ci'][0])} to {num(p['ci'][1])}; Monte-Carlo p = {mc})"
 
     cols = ["relation", "best_layer", "readability_best_kappa", "random_kappa", "embedding_kappa",
             "readability_above_surface", "readability_above_baseline", "surface_flagged",
@@ -96,11 +68,11 @@ def baseline_lines(s: dict, rel: pd.DataFrame) -> list[str]:
         "and on the input embeddings (the token table: learned, so on a model whose subjects have tokens of their "
         "own it holds knowledge too). Readability above the random-weight baseline vs generalization: "
         f"{corr(su)}; above the larger of the two baselines: {corr(ab)}. Mean baseline kappa: random weights "
-        f"{_f(ab['mean_random_kappa'])}, embeddings {_f(ab['mean_embedding_kappa'])}. Relations whose random-weight "
+        f"{num(ab['mean_random_kappa'])}, embeddings {num(ab['mean_embedding_kappa'])}. Relations whose random-weight "
         f"kappa exceeds {thr} (readable from their tokens): {', '.join(ab['surface_flagged_relations']) or 'none'}; "
         f"whose larger baseline does: {len(ab['flagged_relations'])} of {len(rel)}.",
         "",
-        _table(rel[[c for c in cols if c in rel]].sort_values("readability_best_kappa", ascending=False)),
+        md_table(rel[[c for c in cols if c in rel]].sort_values("readability_best_kappa", ascending=False)),
         "",
     ]
 
@@ -118,7 +90,7 @@ def controls_lines(stats: pd.DataFrame, method: str) -> list[str]:
         if analysis not in frame.index:
             return None
         row = frame.loc[analysis]
-        return f"{_f(row.r)} (Monte-Carlo p = {_p(row.get('p_monte_carlo'))}, conventional p = {_p(row.p_value)})"
+        return f"{num(row.r)} (Monte-Carlo p = {pval(row.get('p_monte_carlo'))}, conventional p = {pval(row.p_value)})"
 
     names = {
         "partial:embedding_kappa": "the embedding-row probe",
@@ -173,29 +145,29 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
     pear = h["pearson"]
     out += [
         f"**Headline** ({h['method']} fine-tuning): Pearson r of best-layer readability kappa with held-out "
-        f"generalization kappa = **{_f(pear['r'])}** (95% CI {_f(pear['ci'][0])} to {_f(pear['ci'][1])}, "
+        f"generalization kappa = **{num(pear['r'])}** (95% CI {num(pear['ci'][0])} to {num(pear['ci'][1])}, "
         f"{pear['ci_method']}); "
-        f"Monte-Carlo p = **{_p(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies "
+        f"Monte-Carlo p = **{pval(pear.get('p_monte_carlo'))}** against {nc['n_sim']} simulated studies "
         "of this design with no "
-        f"generalization beyond chance (permutation p = {_p(pear['p_value'])}). "
+        f"generalization beyond chance (permutation p = {pval(pear['p_value'])}). "
         "On those null studies the Monte-Carlo test "
-        f"rejects at {_f(nc['headline_false_positive_rate'])} and the permutation test at "
-        f"{_f(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
-        f"({_f(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
-        f"{_f(nc['raw_false_positive_rate'])} with no generalization at all.",
+        f"rejects at {num(nc['headline_false_positive_rate'])} and the permutation test at "
+        f"{num(nc['headline_permutation_false_positive_rate'])} (nominal {nc['alpha']}). The raw-accuracy r "
+        f"({num(s['raw']['pearson']['r'])}) is inflated: {s['raw']['why_inflated']}; its permutation test rejects at "
+        f"{num(nc['raw_false_positive_rate'])} with no generalization at all.",
         "",
     ]
     out += baseline_lines(s, rel)
     out += controls_lines(stats, h["method"])
     out += [
         "Mean generalization kappa: "
-        + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization_kappa"].items())
+        + ", ".join(f"{m} {num(v)}" for m, v in s["generalization_kappa"].items())
         + " (raw accuracy "
-        + ", ".join(f"{m} {_f(v)}" for m, v in s["generalization"].items())
+        + ", ".join(f"{m} {num(v)}" for m, v in s["generalization"].items())
         + "); mean readability "
-        f"kappa {_f(s['mean_readability_best_kappa'])} (raw {_f(s['mean_readability_best'])}). Correlation of the two "
-        "design covariates, fine-tuning subjects vs answers: "
-        f"r = {_f(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.",
+        f"kappa {num(s['mean_readability_best_kappa'])} (raw {num(s['mean_readability_best'])}). Correlation of the "
+        "two design covariates, fine-tuning subjects vs answers: "
+        f"r = {num(s['covariates']['n_finetune_subjects_vs_n_answers_r'])}.",
         "",
     ]
     missing = s.get("covariates", {}).get("missing") or {}
@@ -210,14 +182,14 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
     t = stats[stats.analysis != "pearson (t-test)"][
         ["method", "predictor", "outcome", "analysis", "r", "ci_low", "ci_high", "p_value", "p_monte_carlo", "n"]
     ]
-    out += [_table(t), ""]
+    out += [md_table(t), ""]
     out += [
         "### Null calibration (false-positive rate at alpha = 0.05)",
         "",
         "Conventional test (permutation for Pearson, t for the others) "
         "and Monte-Carlo test against the design's own null.",
         "",
-        _table(
+        md_table(
             null[
                 [
                     "method",
@@ -238,7 +210,7 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
     out += [
         "### Robustness (Pearson r of kappas; raw beside it)",
         "",
-        _table(
+        md_table(
             rob[
                 [
                     c
@@ -259,14 +231,14 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
         out += [
             f"- {m}: {b['n_errors']} errors on {b['n_relations']} informative relations "
             f"({b['n_uninformative_relations']} with too few answers left out). Probe top-{c['top_k']}: "
-            f"{_f(b['probe_rate'])} = {_f(b['probe_ratio'], 2)}x a uniformly random wrong answer, "
-            f"{_f(b['probe_ratio_shuffled'], 2)}x the shuffled null; pretrained model: {_f(b['model_rate'])} = "
-            f"{_f(b['model_ratio'], 2)}x uniform, {_f(b['model_ratio_shuffled'], 2)}x shuffled; paired Wilcoxon "
-            f"(probe vs model) p = {_p(b['wilcoxon_p'])}."
+            f"{num(b['probe_rate'])} = {num(b['probe_ratio'], 2)}x a uniformly random wrong answer, "
+            f"{num(b['probe_ratio_shuffled'], 2)}x the shuffled null; pretrained model: {num(b['model_rate'])} = "
+            f"{num(b['model_ratio'], 2)}x uniform, {num(b['model_ratio_shuffled'], 2)}x shuffled; paired Wilcoxon "
+            f"(probe vs model) p = {pval(b['wilcoxon_p'])}."
         ]
     out += [
         "",
-        _table(
+        md_table(
             bm[bm.informative.astype(bool)][
                 [
                     "method",
@@ -295,7 +267,7 @@ def study_section(study: Path, figures_to: Path | None = None, prefix: str = "st
         "readability_best_kappa",
         "best_layer",
     ] + [x for x in rel.columns if x.startswith("generalization_")]
-    out += ["### Relations", "", _table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
+    out += ["### Relations", "", md_table(rel[cols].sort_values("readability_best_kappa", ascending=False)), ""]
     return "\n".join(out)
 
 
@@ -311,7 +283,7 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
         "frequent answers kept) and the design leaves at least 20 held-out subjects (`lab/study/relations.py`). "
         "Left out: " + "; ".join(f"{n} x '{r}'" for r, n in reasons.items()) + ".",
         "",
-        _table(
+        md_table(
             q[q.qualifies.astype(bool)][
                 [
                     "relation",
@@ -336,8 +308,8 @@ def real_model_section(study: Path, figures_to: Path | None = None) -> str:
         (float(np.corrcoef(np.delete(x, i), np.delete(y, i))[0, 1]), name) for i, name in enumerate(rel.relation)
     )
     out += [
-        f"Leave one relation out, the headline r ranges from {_f(loo[0][0])} (without {loo[0][1]}) to {_f(loo[-1][0])} "
-        f"(without {loo[-1][1]}).",
+        f"Leave one relation out, the headline r ranges from {num(loo[0][0])} (without {loo[0][1]}) to "
+        f"{num(loo[-1][0])} (without {loo[-1][1]}).",
         "",
     ]
     unfit = rel[[c for c in rel.columns if c.startswith("train_accuracy_")]].lt(1).sum()
@@ -412,7 +384,7 @@ def interventions_section(folder: Path, figures_to: Path | None = None, real: bo
         "switch_excess_ci_low",
         "switch_excess_ci_high",
     ]
-    out += [_table(t[[c for c in cols if c in t]].sort_values("readability_kappa", ascending=False)), ""]
+    out += [md_table(t[[c for c in cols if c in t]].sort_values("readability_kappa", ascending=False)), ""]
     return "\n".join(out)
 
 
@@ -440,10 +412,10 @@ def causal_section(causal: Path) -> str:
                     "p (permutation)": v["p_value"],
                 }
             )
-    out += [_table(pd.DataFrame(rows)), "", "Mean change (plain - augmented) per group:", ""]
-    out += [_table(pd.DataFrame([{"group": g, "n": s["n"][g], **v} for g, v in s["mean_delta"].items()])), ""]
+    out += [md_table(pd.DataFrame(rows)), "", "Mean change (plain - augmented) per group:", ""]
+    out += [md_table(pd.DataFrame([{"group": g, "n": s["n"][g], **v} for g, v in s["mean_delta"].items()])), ""]
     out += [
-        _table(
+        md_table(
             df[
                 [
                     "relation",
@@ -473,13 +445,13 @@ def world_section(report: Path) -> str:
         "readability "
         f"is the 5-fold probe accuracy at the subject's last token at the relation's best layer (the highest kappa, "
         f"`probes.readability`), chance = 1/#answers. Mean recall "
-        f"**{_f(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {_f(df.recall.min())}); "
+        f"**{num(df.recall.mean())}** (lowest {df.loc[df.recall.idxmin(), 'relation']} {num(df.recall.min())}); "
         "readability "
-        f"{_f(df.readability.min())} to {_f(df.readability.max())}; the {len(aug)} augmented relations average "
-        f"{_f(aug.readability.mean())} readability against "
-        f"{_f(df[~df.augment.astype(bool)].readability.mean())} for the rest.",
+        f"{num(df.readability.min())} to {num(df.readability.max())}; the {len(aug)} augmented relations average "
+        f"{num(aug.readability.mean())} readability against "
+        f"{num(df[~df.augment.astype(bool)].readability.mean())} for the rest.",
         "",
-        _table(df),
+        md_table(df),
         "",
     ]
     return "\n".join(out)
@@ -515,7 +487,7 @@ def ablation_section(folder: Path) -> str:
         "generalization are mean kappas over relations; `r` is the study's headline correlation of the two across "
         "relations.",
         "",
-        _table(df[[c for c in cols if c in df]]),
+        md_table(df[[c for c in cols if c in df]]),
         "",
     ]
     return "\n".join(out)
@@ -569,7 +541,7 @@ def randomized_section(folder: Path, docs: Path | None = None) -> str:
         f"CIs bootstrap relations; p from {p['n_redraws']} stratified redraws of the arms "
         f"(null SD of T {p['null_sd']:.3f}). Fine-tunes: {s['n_finetunes']}, failed: {len(s['failed_finetunes'])}.",
         "",
-        _table(pd.DataFrame(rows)),
+        md_table(pd.DataFrame(rows)),
         "",
         f"**Decision (pre-registered rule): {s['decision']}.** Power from the design: the smallest mean Δg detected "
         f"with 80% power is {power.get('smallest_effect_80', float('nan')):.3f} (at generalization kappa "
@@ -577,13 +549,13 @@ def randomized_section(folder: Path, docs: Path | None = None) -> str:
         "",
         "Fine-tuned on one arm only (manipulated relations; mean held-out kappa by the held-out subjects' arm):",
         "",
-        _table(
+        md_table(
             pd.DataFrame(
                 [{"fine-tuned on": k.removeprefix("finetuned on "), **v} for k, v in s["one_arm_finetunes"].items()]
             )
         ),
         "",
-        _table(
+        md_table(
             df[
                 [
                     "relation",
@@ -648,7 +620,7 @@ def compare_section(folder: Path, docs: Path | None = None) -> str:
         "`r_above_surface`: the same r with readability minus the random-weights probe baseline (surface form; "
         "n/a where a study did not measure it).",
         "",
-        _table(shown),
+        md_table(shown),
         "",
     ]
     inside = table[table.r.between(lo, hi)].model.tolist()
@@ -666,10 +638,10 @@ def compare_section(folder: Path, docs: Path | None = None) -> str:
         w = meta["kendalls_w"][measure]
         part = pairs[pairs.measure == measure]
         out.append(
-            f"- {label}: Kendall's W = {_f(w['w'])} over {w['n_relations']} relations shared by "
-            f"{w['n_models']} models ({', '.join(w['models'])}; Friedman p = {_p(w['p_friedman'])}, permutation "
-            f"p = {_p(w['p_permutation'])}); pairwise Spearman rho "
-            + "; ".join(f"{r.model_a} vs {r.model_b} {_f(r.rho, 2)}" for r in part.itertuples() if r.n >= 3)
+            f"- {label}: Kendall's W = {num(w['w'])} over {w['n_relations']} relations shared by "
+            f"{w['n_models']} models ({', '.join(w['models'])}; Friedman p = {pval(w['p_friedman'])}, permutation "
+            f"p = {pval(w['p_permutation'])}); pairwise Spearman rho "
+            + "; ".join(f"{r.model_a} vs {r.model_b} {num(r.rho, 2)}" for r in part.itertuples() if r.n >= 3)
             + "."
         )
     out.append("")
@@ -700,14 +672,14 @@ def surface_control_section(folder: Path, name: str | None = None) -> str:
     if hi < 1:
         verdict = (
             "The data reject the subtraction's assumption: the surface baseline's coefficient is below 1 "
-            f"(95% CI {_f(lo)} to {_f(hi)}), so subtracting it removes more than surface form explains, and the "
+            f"(95% CI {num(lo)} to {num(hi)}), so subtracting it removes more than surface form explains, and the "
             "regression form is the one to read"
         )
     elif lo > 1:
         verdict = "The surface baseline's coefficient is above 1: even the subtraction under-corrects"
     else:
         verdict = (
-            f"The surface baseline's coefficient ({_f(lo)} to {_f(hi)}) is compatible with 1: the subtraction's "
+            f"The surface baseline's coefficient ({num(lo)} to {num(hi)}) is compatible with 1: the subtraction's "
             "assumption holds and both forms are admissible"
         )
     table = loo.sort_values("change_subtraction", key=abs, ascending=False)
@@ -715,20 +687,20 @@ def surface_control_section(folder: Path, name: str | None = None) -> str:
         [
             f"## {name}: {s['n']} relations, {m0} fine-tuning",
             "",
-            f"- **Subtraction** (readability minus the random-weight probe's kappa): r = **{_f(sub['r'])}** "
-            f"(95% CI {_f(sub['ci_low'])} to {_f(sub['ci_high'])}, permutation p = {_p(sub['p_value'])}); leave one "
-            f"relation out: {_f(s['loo_subtraction'][0])} to {_f(s['loo_subtraction'][1])} "
+            f"- **Subtraction** (readability minus the random-weight probe's kappa): r = **{num(sub['r'])}** "
+            f"(95% CI {num(sub['ci_low'])} to {num(sub['ci_high'])}, permutation p = {pval(sub['p_value'])}); leave "
+            f"one relation out: {num(s['loo_subtraction'][0])} to {num(s['loo_subtraction'][1])} "
             f"(most influential: {s['most_influential_subtraction']}).",
-            f"- **Regression** (partial r, the baseline regressed out of both): r = **{_f(part['r'])}** (t test, "
-            f"{part['df']} df: p = {_p(part['p_value'])}); leave one relation out: {_f(s['loo_partial'][0])} to "
-            f"{_f(s['loo_partial'][1])} (most influential: {s['most_influential_partial']}).",
-            f"- In generalization ~ readability + baseline: readability's slope {_f(s['predictor_slope'])}, the "
-            f"baseline's {_f(s['control_slope'])} (95% CI {_f(lo)} to {_f(hi)}); readability and the baseline "
-            f"correlate at {_f(s['r_predictor_control'])}.",
+            f"- **Regression** (partial r, the baseline regressed out of both): r = **{num(part['r'])}** (t test, "
+            f"{part['df']} df: p = {pval(part['p_value'])}); leave one relation out: {num(s['loo_partial'][0])} to "
+            f"{num(s['loo_partial'][1])} (most influential: {s['most_influential_partial']}).",
+            f"- In generalization ~ readability + baseline: readability's slope {num(s['predictor_slope'])}, the "
+            f"baseline's {num(s['control_slope'])} (95% CI {num(lo)} to {num(hi)}); readability and the baseline "
+            f"correlate at {num(s['r_predictor_control'])}.",
             "",
             f"**Verdict.** {verdict}.",
             "",
-            _table(table),
+            md_table(table),
             "",
         ]
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import tempfile
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from pathlib import Path
@@ -14,7 +15,8 @@ from interp.relations import Relation, load_relations, lre_dir
 from interp.results import write_table
 from lab.world import from_world, load_world, world_checkpoint_of
 
-from .config import StudyConfig
+from .config import StudyConfig, design_for
+from .finetune import FinetuneSpec
 from .labels import REAL_LABELS
 from .relations import QualifyRule, qualifying_relations
 from .study import Study, StudyResult
@@ -129,6 +131,29 @@ def make_study(
         trained_tokens=trained,
     )
     return study, qualification
+
+
+def main_finetune_specs(model, names: Sequence[str], seeds: Sequence[int], config: StudyConfig | None = None):
+    """The study's main fine-tunes of ``names`` (main category, first label seed) on ``model``,
+    one per relation with its own fine-tuning seed: ``(model, [FinetuneSpec], {relation: held-out
+    prompts})``, for running fine-tunes outside a study (benchmarks, grouped-training checks)."""
+    config = config or StudyConfig(label_seeds=(0,), finetune_seeds=(0,), other_categories=())
+    study, _ = make_study(model, list(names), tempfile.mkdtemp(), config, "nnsight", False, min_relations=1)
+    template = config.finetune.template
+    specs, heldout = [], {}
+    for name, seed in zip(names, seeds):
+        r = study.relations[name]
+        d = design_for(r, study.labels, config, config.category, 0)
+        specs.append(
+            FinetuneSpec(
+                [template.format(r.subjects[i]) for i in d.finetune],
+                [d.mapping[r.answers[i]] for i in d.finetune],
+                d.labels,
+                seed,
+            )
+        )
+        heldout[name] = [template.format(r.subjects[i]) for i in d.heldout]
+    return study.model, specs, heldout
 
 
 def world_relations(world, relations: Sequence | None) -> list[Relation]:

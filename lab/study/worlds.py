@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from interp.results import atomic_dir
 from lab.stages import DERIVED, WHERE, Codec, Stage, Task
 from lab.world import TrainConfig, WorldSpec, train_world_model
 from lab.world.checkpoint import shipped_world_checkpoints
@@ -61,11 +62,8 @@ def pretrain(inputs: WorldInputs) -> Checkpoint:
     shipped = None if inputs.retrain else shipped_checkpoint(inputs.spec, inputs.train)
     if shipped is not None:  # a shipped model is this world with this recipe: copy it (whole, or not at all)
         folder = Path(inputs.folder)
-        tmp = folder.with_name(folder.name + ".copying")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(shipped, tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+        with atomic_dir(folder, ".copying") as tmp:
+            shutil.copytree(shipped, tmp, dirs_exist_ok=True)
         return Checkpoint(folder, shipped=True)
     start = time.time()
     train_world_model(inputs.spec, inputs.folder, inputs.train, progress=inputs.progress)

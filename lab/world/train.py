@@ -35,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from interp.results import write_json, write_table, write_text
+from interp.results import atomic_dir, write_json, write_table, write_text
 from interp.training import TrainingLoop, seed_torch
 from lab.stages import ADDED, WHERE, digest
 
@@ -319,15 +319,11 @@ def train_world_model(
     model.eval()
     log = loop.rows
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    write_text(spec.to_json(), tmp / "world_spec.json")
-    write_json(asdict(config), tmp / "train_config.json")
-    write_table(pd.DataFrame(log), tmp / "train_log.csv")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        write_text(spec.to_json(), tmp / "world_spec.json")
+        write_json(asdict(config), tmp / "train_config.json")
+        write_table(pd.DataFrame(log), tmp / "train_log.csv")
     shutil.rmtree(partial.parent, ignore_errors=True)
     return out
