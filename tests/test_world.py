@@ -323,10 +323,12 @@ def test_learning_curves_measure_and_resume(tmp_path):
         learning_curves(spec, sizes, tmp_path, eval_every=10, n_subjects=100, progress=False)
 
 
-def test_v4_biographies_name_their_subject_once_and_say_they_after():
+def test_biographies_can_name_their_subject_once_and_say_they_after():
+    from dataclasses import replace
+
     from lab.world.spec import v4_spec
 
-    w = World.generate(v4_spec(n_subjects=100))
+    w = World.generate(replace(v4_spec(n_subjects=100), bio_pronoun=True))
     bios = [(text, rels) for text, rels in w.documents() if len(rels) > 1]
     assert bios and all(len(text.split(" . ")) == len(rels) for text, rels in bios)
     for text, rels in bios:
@@ -341,3 +343,22 @@ def test_v4_biographies_name_their_subject_once_and_say_they_after():
     bio = next(text for text, rels in v3.documents() if len(rels) > 1 and "they" not in text)
     first = bio.split()[0]
     assert all(s.strip().startswith(first) for s in bio.rstrip(" .").split(" . "))
+
+
+def test_v4_writes_facts_with_twenty_paraphrase_patterns_and_v3_with_five():
+    from dataclasses import replace
+
+    from lab.world.spec import TEMPLATE_PATTERNS, V4_TEMPLATE_PATTERNS, WorldSpecError, v4_spec
+
+    spec = v4_spec(n_subjects=60)
+    w = World.generate(spec)
+    many = next(r for r in spec.relations if r.templates == 16 and r.bio)
+    assert len(set(w.templates(many.name))) == 16 and V4_TEMPLATE_PATTERNS[:5] == TEMPLATE_PATTERNS
+    used = {
+        t for t in w.templates(many.name) if any(f" {t} " in text for text, rels in w.documents() if many.name in rels)
+    }
+    assert len(used) >= 12  # the biographies draw from all of them
+    assert WorldSpec.from_json(spec.to_json()) == spec
+    assert "paraphrases" not in json.loads(default_spec().to_json())  # v3 specs key as before
+    with pytest.raises(WorldSpecError, match="templates must be 1 to 5"):
+        replace(spec, paraphrases="v3").validate()

@@ -50,7 +50,8 @@ class RelationSpec:
     def mixed(self) -> bool:
         return self.bio if self.qa is None else self.qa
 
-    def validate(self, n_subjects: int, known: set[str]) -> None:
+    def validate(self, n_subjects: int, known: set[str], n_patterns: int | None = None) -> None:
+        n_patterns = n_patterns or len(TEMPLATE_PATTERNS)
         if not 2 <= self.n_answers <= 30:
             raise WorldSpecError(
                 f"relation {self.name!r}: n_answers={self.n_answers}; a relation needs 2 to 30 answers"
@@ -60,10 +61,8 @@ class RelationSpec:
                 f"relation {self.name!r} has more answers ({self.n_answers}) than the world has subjects "
                 f"({n_subjects}); lower n_answers or raise n_subjects"
             )
-        if not 1 <= self.templates <= len(TEMPLATE_PATTERNS):
-            raise WorldSpecError(
-                f"relation {self.name!r}: templates must be 1 to {len(TEMPLATE_PATTERNS)}, got {self.templates}"
-            )
+        if not 1 <= self.templates <= n_patterns:
+            raise WorldSpecError(f"relation {self.name!r}: templates must be 1 to {n_patterns}, got {self.templates}")
         if self.mentions < 1:
             raise WorldSpecError(f"relation {self.name!r}: mentions must be at least 1, got {self.mentions}")
         if self.derived_from is not None and self.derived_from not in known:
@@ -89,6 +88,28 @@ TEMPLATE_PATTERNS = (
     "with {noun}",
     "{noun} is",
 )
+#: world v4's paraphrase patterns: v3's five, then fifteen more, so that a fact written with many
+#: templates is written in words that vary as a real corpus's do (Allen-Zhu & Li 3.1 draw from
+#: dozens of templates per attribute; with few, a model can key each fact on the query's own words)
+V4_TEMPLATE_PATTERNS = TEMPLATE_PATTERNS + (
+    "'s {noun} is",
+    "has the {noun}",
+    "whose {noun} is",
+    "and the {noun}",
+    "lists {noun}",
+    "{noun} =",
+    "records the {noun}",
+    "'s known {noun}",
+    "gives {noun} as",
+    "with the {noun} of",
+    "noted {noun}",
+    "{noun} was",
+    "'s listed {noun} is",
+    "reports {noun}",
+    "named the {noun}",
+)
+#: the paraphrase pattern sets a world can write with (``WorldSpec.paraphrases``)
+PARAPHRASES = {"v3": TEMPLATE_PATTERNS, "v4": V4_TEMPLATE_PATTERNS}
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,14 @@ class WorldSpec:
     #: them "they" after (v4): a later fact must be read back from the name through the pronoun, as
     #: in real text; v3 repeats the full name in every sentence
     bio_pronoun: bool = field(default=False, metadata=ADDED)
+    #: the paraphrase patterns relations draw their ``templates`` from (:data:`PARAPHRASES`): v3's
+    #: five, or v4's twenty (the first five the same)
+    paraphrases: str = field(default="v3", metadata=ADDED)
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return PARAPHRASES[self.paraphrases]
+
     #: a randomized world (the causal test's design): these relations, all written augmented in
     #: the spec, are written per *subject*: half the subjects (a stratified coin, :mod:`lab.world.arms`)
     #: get them in an augmented biography of their own, the other half as plain statements (one
@@ -146,11 +175,13 @@ class WorldSpec:
                 f"subject_tokens='shared' builds at most {SHARED_POOL**2 // 2} distinct names; "
                 f"n_subjects={self.n_subjects}"
             )
+        if self.paraphrases not in PARAPHRASES:
+            raise WorldSpecError(f"paraphrases must be one of {', '.join(PARAPHRASES)}, got {self.paraphrases!r}")
         known: set[str] = set()
         for r in self.relations:
             if r.name in known:
                 raise WorldSpecError(f"relation {r.name!r} is defined twice")
-            r.validate(self.n_subjects, known)
+            r.validate(self.n_subjects, known, len(self.patterns))
             if r.derived_from is not None:
                 parent = next(p for p in self.relations if p.name == r.derived_from)
                 if r.n_answers > parent.n_answers:
@@ -283,12 +314,12 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
       embedding row can hold one subject's facts; the layers must assemble them from the tokens.
     - **A balanced design of the writing knobs**, so recall and readability can vary apart: mentions
       (1, 2, 4) x writing (augmented biographies or plain statements) x paraphrase templates (1 or
-      4), two relations per cell, one with 6 answers and one with 16. No relation is derived from
-      another. Augmented biographies are written per mentions level (a subject's biography of the
-      relations mentioned twice is a document of its own). A biography names its subject once and
-      says "they" after (``bio_pronoun``): a probe on v3-style biographies that repeat the name
-      found the 4x128 model computes every answer in its last block at the query's end, nothing
-      at the name (docs/world.md); a pronoun makes a fact one that must be read from the name.
+      16, from v4's twenty patterns: ``paraphrases="v4"``), two relations per cell, one with 6
+      answers and one with 16. No relation is derived from another. Augmented biographies are
+      written per mentions level (a subject's biography of the relations mentioned twice is a
+      document of its own), each sentence naming the subject (Allen-Zhu & Li's "fullname"; a
+      biography that says "they" after its first sentence, ``bio_pronoun``, was measured no better:
+      docs/world.md).
     - **Eight label categories** for relabelling (``label_sets``).
     - Mixed training for every relation (``qa=True``): half the subjects also get each fact as a
       statement in the query's wording, so the writing factor does not also change exposure (with
@@ -297,7 +328,7 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
       are fixed).
     """
     rel = RelationSpec
-    cells = [(m, aug, t) for m in (1, 2, 4) for aug in (True, False) for t in (1, 4)]
+    cells = [(m, aug, t) for m in (1, 2, 4) for aug in (True, False) for t in (1, 16)]
     relations = []
     for i, (name, noun) in enumerate(V4_RELATIONS):
         m, aug, t = cells[i % len(cells)]
@@ -312,5 +343,5 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
         subject_tokens="pooled",
         label_sets=tuple(ALL_LABELS),
         bio_per_mentions=True,
-        bio_pronoun=True,
+        paraphrases="v4",
     ).validate()

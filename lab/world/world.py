@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .arms import ARMS, stratified_halves
-from .spec import POOLED_FAMILY, POOLED_GIVEN, SHARED_POOL, TEMPLATE_PATTERNS, RelationSpec, WorldSpec
+from .spec import POOLED_FAMILY, POOLED_GIVEN, SHARED_POOL, RelationSpec, WorldSpec
 from .vocab import ALL_LABELS, LABEL_CONTEXTS, invented_words
 
 EOS = "<eos>"
@@ -103,7 +103,7 @@ class World:
 
     def templates(self, relation: str) -> list[str]:
         r = self.relation[relation]
-        return [p.format(noun=r.noun) for p in TEMPLATE_PATTERNS[: r.templates]]
+        return [p.format(noun=r.noun) for p in self.spec.patterns[: r.templates]]
 
     @cached_property
     def arm(self) -> dict[str, str]:
@@ -318,7 +318,7 @@ class World:
         for doc in self.corpus():
             words.update(doc.split())
         for r in self.spec.relations:  # every paraphrase a relation could be written with, so
-            for t in TEMPLATE_PATTERNS:  # worlds that differ only in writing share one tokenizer
+            for t in self.spec.patterns:  # worlds that differ only in writing share one tokenizer
                 words.update(t.format(noun=r.noun).split())
         for ws in spec_labels(self.spec).values():
             words.update(ws)
