@@ -21,6 +21,7 @@ TINY = WorldSpec(
     ),
 )
 CFG = StudyConfig(
+    nonlinear_probes=(),
     n_finetune=3,
     methods=("full",),
     label_seeds=(0,),

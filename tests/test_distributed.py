@@ -31,6 +31,7 @@ def _config():
         n_boot=100,
         n_perm=100,
         finetune=FinetuneConfig(max_steps=30, check_every=10),
+        nonlinear_probes=(),
     )
 
 

@@ -217,6 +217,7 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
         label_seeds=(0,),
         finetune_seeds=(0,),
         other_categories=(),
+        nonlinear_probes=(),
         folds=3,
         n_boot=100,
         n_perm=100,
@@ -360,7 +361,12 @@ def test_all_token_erasers_leave_no_linear_trace_at_any_site_of_the_world_model(
     random controls have LEACE's rank at every site and group; recall falls under LEACE, not under
     random subspaces."""
     study_cfg = StudyConfig(
-        finetune_budget=(60, 90), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), folds=3
+        finetune_budget=(60, 90),
+        label_seeds=(0,),
+        finetune_seeds=(0,),
+        other_categories=(),
+        folds=3,
+        nonlinear_probes=(),
     )
     run = Interventions("world", ["continent"], tmp_path, InterventionConfig(n_random=2), study_cfg, progress=False)
     r = run.study.relations["continent"]

@@ -77,7 +77,9 @@ def causal_test(
     manipulated = list(manipulated or [r.name for r in spec.relations if r.augment])
     if not manipulated:
         raise ValueError("no relation to manipulate: pass names of relations written with augmentation")
-    config = config or StudyConfig(methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=())
+    config = config or StudyConfig(
+        methods=("full",), label_seeds=(0,), finetune_seeds=(0,), other_categories=(), nonlinear_probes=()
+    )
     worlds = {"augmented": spec, "plain": without_augmentation(spec, manipulated)}
     digests = {name: writing_digests(s) for name, s in worlds.items()}
     changed = sorted(

@@ -4,7 +4,7 @@ the summary across relations (the protocol: :mod:`lab.study.interventions`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -72,7 +72,8 @@ class Interventions:
             model,
             relations,
             self.out,
-            study_config or default_config(model),
+            # the best layer is chosen by linear readability; the nonlinear probes would only add time
+            study_config or replace(default_config(model), nonlinear_probes=()),
             backend,
             progress,
             labels=labels,
