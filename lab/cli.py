@@ -38,7 +38,7 @@ import typer
 import interp
 from circuits.figures import write_figures
 from interp.plots import export
-from interp.results import save_table, write_table
+from interp.results import save_table, write_json, write_table
 from jacobians.dynamics import from_log, trajectory_plot
 from lab.experiments.circuit_findings import write_circuit_findings
 from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
@@ -64,6 +64,7 @@ from lab.study.compare import CompareError, compare_studies
 from lab.study.findings import write_findings, write_surface_control
 from lab.study.interventions import InterventionConfig, Interventions
 from lab.study.interventions import section as intervention_section
+from lab.study.pooled import pool_over_seeds
 from lab.study.predictors import compare_predictors
 from lab.study.randomized import randomized_causal_test
 from lab.study.report import write_report
@@ -364,6 +365,30 @@ def study_compare(
             "mean_generalization_kappa", "mean_readability_kappa", "failed_finetunes"]  # fmt: skip
     typer.echo(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     typer.echo(f"wrote {out / 'compare.csv'} and {out / 'figures'}")
+
+
+@study_app.command("pool")
+def study_pool(
+    folders: list[Path] = typer.Argument(..., help="finished studies of one recipe's pretraining seeds"),
+    out: Path = typer.Option(Path("results/pooled"), help="folder for pooled.json and pooled_seeds.csv"),
+):
+    """One headline over pretraining seeds: the pooled r (Fisher z averaged over seeds) with an
+    interval that resamples seeds and relations, beside each seed's own r and Monte-Carlo p
+    (lab.study.pooled)."""
+    check_out(out)
+    try:
+        pooled, seeds = pool_over_seeds(folders)
+    except CompareError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from err
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(pooled, out / "pooled.json")
+    write_table(seeds, out / "pooled_seeds.csv")
+    typer.echo(seeds.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    typer.echo(
+        f"pooled r = {pooled['r_pooled']:.3f} (95% CI {pooled['ci_low']:.3f} to {pooled['ci_high']:.3f}; "
+        f"seed-to-seed SD {pooled['seed_sd']:.3f}, {pooled['n_seeds']} seeds, {pooled['n_relations']} relations)"
+    )
 
 
 @study_app.command("surface-control")
