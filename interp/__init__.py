@@ -7,6 +7,7 @@
 
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .capture import Activations, capture
+from .logit_lens import LogitLensError, logit_lens
 from .models import Model, ModelNotFoundError, load_model, register_model, registered_models
 from .prompts import Prompt
 from .sites import UnknownSiteError
@@ -30,4 +31,6 @@ __all__ = [
     "UnknownSiteError",
     "capture",
     "load_model",
+    "logit_lens",
+    "LogitLensError",
 ]
