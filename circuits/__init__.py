@@ -47,10 +47,14 @@ from .pairs import (
 from .path_patching import PathPatching
 from .plots import circuit_graph, faithfulness_plot, head_heatmap, position_heatmap
 from .statistics import Uncertainty, significant
+from .token_attribution import TokenAttribution, TokenAttributionError, token_figure
 
 __all__ = [
     "ActivationPatching",
     "AttributionPatching",
+    "TokenAttribution",
+    "TokenAttributionError",
+    "token_figure",
     "PathPatching",
     "PATCHABLE",
     "Node",
