@@ -7,7 +7,7 @@
 
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .capture import Activations, capture
-from .logit_lens import LogitLensError, logit_lens
+from .lens import LogitLensError, logit_lens
 from .models import Model, ModelNotFoundError, load_model, register_model, registered_models
 from .prompts import Prompt
 from .sites import UnknownSiteError

@@ -8,7 +8,7 @@ import torch
 from tiny_models import build
 
 import interp
-from interp.logit_lens import LogitLensError, logit_lens
+from interp.lens import LogitLensError, logit_lens
 
 PROMPTS = ["Vorn Kallit lives in the city of", "Mira Tesh was born in"]
 
@@ -86,7 +86,7 @@ def test_positions_layers_and_clear_errors():
 
 
 def test_lens_figures_draw_from_the_saved_table(tmp_path):
-    from interp.logit_lens import lens_figure, target_rank_figure
+    from interp.lens import lens_figure, target_rank_figure
 
     hf, tok = build("gpt2")
     model = interp.load_model(hf, tokenizer=tok)

@@ -244,7 +244,7 @@ def test_the_study_reports_its_covariates_rivals_and_the_recall_contrast(finishe
     out, result = finished
     rel, stats, null = result.table("relations"), result.table("stats"), pd.read_csv(out / "null_calibration.csv")
     # nonlinear probes on the same states and folds, each at its own best layer
-    layers = pd.read_csv(out / "readability_layers.csv")
+    layers = pd.read_parquet(out / "readability_nonlinear.parquet")
     for r in rel.itertuples():
         g = layers[layers.relation == r.relation]
         assert r.readability_mlp_kappa == pytest.approx(g.mlp_kappa.max())

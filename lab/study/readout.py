@@ -28,8 +28,9 @@ from interp.models import Model
 from interp.progress import progress_bar
 from interp.relations import Relation
 from interp.results import write_table
-from lab.stages import ADDED, DERIVED, Codec, Stage, parquet_codec
+from lab.stages import DERIVED, Codec, Stage, parquet_codec
 from probes import ProbeSweep
+from probes.chance import kappa
 from probes.readability import best_layers, readability_by_layer
 
 _PARQUET = parquet_codec()
@@ -44,9 +45,6 @@ class ReadabilityInputs:
     top_k: int
     fixed_layer: int
     progress: bool | None = field(default=None, metadata=DERIVED)
-    #: nonlinear probes on the same states and folds (:mod:`probes.nonlinear`; their kappas join
-    #: the per-layer table)
-    nonlinear: tuple[str, ...] = field(default=(), metadata=ADDED)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,6 @@ def readability(inputs: ReadabilityInputs) -> Readability:
         top_k=inputs.top_k,
         readout_k=10_000,
         progress=inputs.progress,
-        nonlinear=inputs.nonlinear,
     )
     model = inputs.model
     table = sweep.run(model, list(inputs.relations), model_name=model.name)
@@ -93,6 +90,37 @@ def _load_readability(path: Path) -> Readability:
 
 
 READABILITY = Stage("readability", readability, Codec(_save_readability, _load_readability))
+
+
+@dataclass(frozen=True)
+class NonlinearInputs:
+    model: Model
+    relations: tuple[Relation, ...]
+    folds: int
+    C: float
+    probes: tuple[str, ...]
+    progress: bool | None = field(default=None, metadata=DERIVED)
+
+
+def nonlinear_readability(inputs: NonlinearInputs) -> pd.DataFrame:
+    """Nonlinear decodability per relation and layer (:mod:`probes.nonlinear`), on the readability
+    sweep's own states, subjects and folds (the same ``folds`` and split seed): one row per
+    (relation, layer) with ``<probe>_kappa``, the kappa of the pooled cross-validated predictions.
+    A stage of its own, so that a study folder made before it resumes by computing only this."""
+    sweep = ProbeSweep(folds=inputs.folds, C=inputs.C, control=False, progress=inputs.progress, nonlinear=inputs.probes)
+    sweep.run(inputs.model, list(inputs.relations), model_name=inputs.model.name)
+    ro = sweep.readout_
+    first = ro[ro.seed == ro.seed.min()]
+    rows = []
+    for (rel, layer), g in first.groupby(["relation", "layer"], sort=False):
+        row = {"relation": rel, "layer": int(layer)}
+        for probe in inputs.probes:
+            row[f"{probe}_kappa"] = kappa(list(g.answer), list(g[f"{probe}_predicted"]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+NONLINEAR = Stage("nonlinear probes", nonlinear_readability, parquet_codec())
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,15 @@ from .config import StudyConfig, StudySpec, summary_only_fields
 from .design import Design
 from .jobs import FINETUNE, FinetuneInputs, Job, shuffled_backmap_rates, wrong_top
 from .lr_check import GRIDS, LR_CHECK, LrCheckInputs, with_checked_rates
-from .readout import PRETRAINED, READABILITY, PretrainedInputs, Readability, ReadabilityInputs
+from .readout import (
+    NONLINEAR,
+    PRETRAINED,
+    READABILITY,
+    NonlinearInputs,
+    PretrainedInputs,
+    Readability,
+    ReadabilityInputs,
+)
 from .summary import write_summary
 from .validate import validate_study
 
@@ -180,9 +188,19 @@ class Study:
             c.top_k,
             self.fixed_layer,
             self.progress,
-            tuple(c.nonlinear_probes),
         )
         return runner.run(Task(READABILITY, inputs, "probe_readout.parquet"))
+
+    def nonlinear(self, runner: Runner) -> pd.DataFrame | None:
+        """Nonlinear decodability per relation and layer (:func:`lab.study.readout.nonlinear_readability`;
+        computed once, then read back), or None when the configuration names no nonlinear probe."""
+        c = self.config
+        if not c.nonlinear_probes:
+            return None
+        inputs = NonlinearInputs(
+            self.model, self.spec.relations, c.folds, c.probe_C, tuple(c.nonlinear_probes), self.progress
+        )
+        return runner.run(Task(NONLINEAR, inputs, "readability_nonlinear.parquet"))
 
     def baselines(self, runner: Runner) -> pd.DataFrame | None:
         """The readability baselines (:mod:`lab.study.baselines`; computed once, then read back),
@@ -251,6 +269,9 @@ class Study:
         runner = self.runner()
         write_json({"untrained_prompt_tokens": notes}, self.out / "warnings.json")
         read = self.readability(runner)
+        nonlinear = self.nonlinear(runner)
+        if nonlinear is not None:  # beside the linear kappas, per relation and layer
+            read = replace(read, layers=read.layers.merge(nonlinear, on=["relation", "layer"], how="left"))
         baselines = self.baselines(runner)
         pretrained = self.pretrained(runner)
         best = best_layers(read.layers)
