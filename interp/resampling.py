@@ -123,12 +123,14 @@ def monte_carlo_p(null, observed: float, alternative: str = "two-sided", toleran
     """``(1 + hits) / (1 + n)`` of ``observed`` against ``null`` draws of the statistic (module
     docstring). A hit is a finite draw with ``|draw| >= |observed| - tolerance`` (two-sided),
     ``draw >= observed - tolerance`` (greater) or ``draw <= observed + tolerance`` (less); draws
-    that are not finite are left out of hits and of ``n``. NaN when ``observed`` is not finite."""
+    that are not finite are left out of hits and of ``n``. NaN when ``observed`` is not finite or no
+    draw is. The two-sided test compares magnitudes, so it suits a null centred on 0 (a
+    correlation, a difference); for a null centred elsewhere use a one-sided alternative."""
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative must be one of {ALTERNATIVES}, got {alternative!r}")
     draws = np.asarray(null, dtype=float).ravel()
     draws = draws[np.isfinite(draws)]
-    if not np.isfinite(observed):
+    if not np.isfinite(observed) or not len(draws):
         return float("nan")
     if alternative == "two-sided":
         hits = np.sum(np.abs(draws) >= abs(observed) - tolerance)

@@ -109,12 +109,15 @@ def knn_predict(X: torch.Tensor, Y: torch.Tensor, T: torch.Tensor, NC: torch.Ten
     train = T & (Y >= 0)
     dist = torch.cdist(Xs, Xs)  # [G, K, n, n]
     dist = dist.masked_fill(~train[:, :, None, :], float("inf"))
-    kk = min(k, int(train.sum(-1).min()))
-    near = dist.topk(kk, dim=-1, largest=False).indices  # [G, K, n, kk]
-    labels = Y[:, :, None, :].expand(-1, -1, Y.shape[-1], -1).gather(-1, near)  # [G, K, n, kk]
+    kk = min(k, dist.shape[-1])
+    nearest = dist.topk(kk, dim=-1, largest=False)  # [G, K, n, kk]
+    labels = Y[:, :, None, :].expand(-1, -1, Y.shape[-1], -1).gather(-1, nearest.indices)
+    # each problem votes with its own min(k, training rows) neighbours: a neighbour at infinite
+    # distance is no training row (padding, or a problem with fewer than k) and has no vote
+    real = torch.isfinite(nearest.values).long()
     c = int(NC.max())
     votes = torch.zeros(*labels.shape[:-1], c, dtype=torch.long, device=X.device)
-    votes.scatter_add_(-1, labels.clamp_min(0), torch.ones_like(labels))
+    votes.scatter_add_(-1, labels.clamp_min(0), real)
     return votes.argmax(-1)  # first (lowest) class on ties
 
 

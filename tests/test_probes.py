@@ -215,6 +215,16 @@ def test_nonlinear_probes_read_what_a_linear_probe_cannot_and_match_sklearn():
     assert layers.mlp_kappa.item() > layers.kappa.item() + 0.3
     with pytest.raises(ValueError, match="not known"):
         ProbeSweep(nonlinear=("svm",))
+    # kNN's k is each problem's own: batched beside a problem with 6 training rows, a problem with 30
+    # votes with its 7 neighbours as it does alone
+    from probes.nonlinear import knn_predict
+
+    g = torch.Generator().manual_seed(0)
+    Xs, Ys = torch.randn(2, 40, 4, generator=g), torch.randint(0, 3, (2, 1, 40), generator=g)
+    Ts = torch.zeros(2, 1, 40, dtype=torch.bool)
+    Ts[0, 0, :30], Ts[1, 0, :6] = True, True
+    NCs = torch.full((2, 1), 3)
+    assert torch.equal(knn_predict(Xs, Ys, Ts, NCs, k=7)[0], knn_predict(Xs[:1], Ys[:1], Ts[:1], NCs[:1], k=7)[0])
 
 
 def test_sweep_is_deterministic_and_reads_out_rankings():

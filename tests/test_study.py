@@ -120,9 +120,13 @@ def test_a_control_taken_two_ways_with_leave_one_out(tmp_path):
     )
     (study / "summary.json").write_text(json.dumps({"methods": ["full"], "model": "toy"}))
     page = write_surface_control([study], tmp_path / "page.md").read_text()
-    assert "## toy: 40 relations" in page and "regression form is the one to read" in page
+    assert "## toy: 40 relations" in page and "reject the subtraction's assumption" in page
     assert f"{s['partial']['r']:.3f}" in page
     assert main(["study", "surface-control", str(tmp_path / "nothing"), "--out", str(tmp_path / "p.md")]) == 2
+    # the subtraction assumes the control's coefficient is minus the predictor's: their sum, tested
+    assert s["slope_sum"] == pytest.approx(fit.params[1] + fit.params[2]) and s["slope_sum_ci"][0] > 0
+    x_res = readability - np.polyval(np.polyfit(surface, readability, 1), surface)
+    assert s["semipartial_r"] == pytest.approx(np.corrcoef(x_res, y)[0, 1])
 
 
 # scoring multi-token answers ---------------------------------------------------------------------
@@ -259,7 +263,8 @@ def test_the_study_reports_its_covariates_rivals_and_the_recall_contrast(finishe
     for z in ("readability_mlp_kappa", "readability_knn_kappa"):
         diff = np.corrcoef(t.readability_best_kappa, y)[0, 1] - np.corrcoef(t[z], y)[0, 1]
         assert full.loc[f"williams:{z}", "r"] == pytest.approx(diff)
-        assert np.isfinite(full.loc[f"williams:{z}", "p_monte_carlo"])
+        assert full.loc[f"williams:{z}", "ci_low"] <= full.loc[f"williams:{z}", "ci_high"]
+        assert np.isnan(full.loc[f"williams:{z}", "p_monte_carlo"])  # the no-generalization null cannot calibrate it
     # the contrast the other way round: recall with readability held fixed, calibrated on the null
     rec = stats[(stats.method == "full") & (stats.predictor == "pretrained_accuracy")].set_index("analysis")
     assert "partial:readability_best_kappa" in rec.index and "partial:pretrained_accuracy" not in rec.index

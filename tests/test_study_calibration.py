@@ -108,25 +108,21 @@ def test_kappa_statistics_hold_the_nominal_rate_and_raw_r_does_not():
     assert table.false_positive_rate_monte_carlo.between(0.03, 0.07).all()
 
 
-def test_williams_and_recall_contrast_are_calibrated_on_the_null():
+def test_the_recall_contrast_is_calibrated_on_the_null_and_williams_is_left_to_the_bootstrap():
     from dataclasses import replace
 
     d = _null_design(n_rel=20, seed=2)
     rng = np.random.default_rng(5)
-    rival = d.readability_kappa + rng.normal(0, 0.05, len(d.relations))  # a nonlinear probe's kappa: close to it
     recall = np.clip(0.5 + 0.3 * rng.normal(size=len(d.relations)), 0, 1)
-    d = replace(d, rivals={"readability_mlp_kappa": rival}, covariates=d.covariates.assign(pretrained_accuracy=recall))
+    d = replace(d, covariates=d.covariates.assign(pretrained_accuracy=recall))
     table = calibration_table(d, n_sim=400, seed=0, n_perm=199)
-    head = table[table.predictor == "readability_best_kappa"].set_index("analysis")
-    w = head.loc["williams:readability_mlp_kappa"]
-    # under the null neither predicts: the difference of correlations is centred on 0, and its
-    # Monte-Carlo test holds the nominal rate (the conventional test's rate is reported beside it)
-    assert abs(w.mean_r) < 0.02 and 0.02 <= w.false_positive_rate_monte_carlo <= 0.08
-    assert np.isfinite(w.false_positive_rate)
     rec = table[table.predictor == "pretrained_accuracy"].set_index("analysis")
     assert "partial:readability_best_kappa" in rec.index  # recall with readability held fixed
     assert "partial:pretrained_accuracy" not in rec.index  # never controlled for itself
     assert rec.false_positive_rate_monte_carlo.between(0.02, 0.08).all()
+    # a null of no generalization makes both of Williams' correlations zero; its comparison of two
+    # equal nonzero correlations is not calibrated here (the statistics table bootstraps it)
+    assert not table.analysis.str.startswith("williams").any()
 
 
 def test_monte_carlo_p_of_an_observed_statistic():
@@ -145,6 +141,7 @@ def test_monte_carlo_p_of_an_observed_statistic():
     assert monte_carlo_p(np.array([0.5]), 0.5 + 1e-14, "greater", tolerance=0.0) == 0.5
     with pytest.raises(ValueError, match="alternative"):
         monte_carlo_p(sims, 0.0, "both")
+    assert np.isnan(monte_carlo_p(np.array([np.nan, np.inf]), 0.5))  # no defined draw: no p
 
 
 def test_the_correlation_permutation_test_is_a_naive_loop():

@@ -31,7 +31,7 @@ from scipy import stats
 
 from interp.resampling import correlation_permutation_p, monte_carlo_p, permutations
 
-from .stats import COVARIATES, RIVALS, williams_t
+from .stats import COVARIATES
 
 #: predictor columns of a study's relation table tested beside the headline, when present
 OTHER_PREDICTORS = ("readability_above_baseline", "readability_above_surface")
@@ -55,8 +55,6 @@ class NullDesign:
     #: further kappa predictors tested against the same simulated outcomes, by column name [R]
     #: (readability above its baselines: lab.study.baselines)
     other_predictors: dict[str, np.ndarray] = field(default_factory=dict)
-    #: rival predictors the headline's readability is compared with by Williams' test [R]
-    rivals: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def null_design(
@@ -89,7 +87,6 @@ def null_design(
         None if obs is None else obs.to_numpy(float),
         None if obs_k is None else obs_k.to_numpy(float),
         {c: relations[c].to_numpy(float) for c in OTHER_PREDICTORS if c in relations},
-        {c: relations[c].to_numpy(float) for c in RIVALS if c in relations},
     )
 
 
@@ -141,10 +138,11 @@ def null_statistics(
     covariates: pd.DataFrame,
     n_perm: int = 999,
     seed: int = 0,
-    rivals: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """p-values (and r) of every statistic the study reports, for each simulated outcome row
-    (``williams:<rival>``: r(x, y) - r(rival, y), with Williams' t test p)."""
+    """p-values (and r) of every statistic the study reports, for each simulated outcome row.
+    (Williams' comparison of two predictors is not among them: this null makes both correlations
+    zero, while the comparison's null is two equal, possibly nonzero ones; the statistics table
+    gives it a paired bootstrap interval over relations instead.)"""
     rng = np.random.default_rng(seed)
     S, R = Y.shape
     out: dict[str, np.ndarray] = {}
@@ -165,12 +163,6 @@ def null_statistics(
         ry, _ = _residualize(Y, Z)
         pr = _corr_rows(rx, ry)
         out[name], out[f"p:{name}"] = pr, _t_p(pr, R - 2 - k)
-    for z_name, z in (rivals or {}).items():
-        if np.unique(z).size < 2 or R < 4:
-            continue
-        r_z = _corr_rows(z, Y)
-        w = williams_t(r, r_z, float(np.corrcoef(x, z)[0, 1]), R)
-        out[f"williams:{z_name}"], out[f"p:williams:{z_name}"] = r - r_z, w["p_value"]
     return out
 
 
@@ -221,9 +213,8 @@ def calibration_table(
         )
     for outcome, predictor, x, Y, obs in tests:
         cov = covariates[predictor]
-        rivals = design.rivals if predictor == "readability_best_kappa" else None
-        res = null_statistics(x, Y, cov, n_perm=n_perm, seed=seed + 1, rivals=rivals)
-        res_obs = null_statistics(x, obs[None, :], cov, n_perm=9, seed=seed, rivals=rivals) if obs is not None else {}
+        res = null_statistics(x, Y, cov, n_perm=n_perm, seed=seed + 1)
+        res_obs = null_statistics(x, obs[None, :], cov, n_perm=9, seed=seed) if obs is not None else {}
         for name in [k for k in res if not k.startswith("p:")] + ["pearson (t-test)"]:
             p = res[f"p:{name}"]
             r = res[name if name in res else "pearson"]

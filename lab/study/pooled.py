@@ -8,15 +8,17 @@ uncertainty a reader cares about:
 - **relations**: the study's r is over a sample of relations (each seed's bootstrap CI);
 - **pretraining runs**: the seeds' r differ (their SD is reported beside the pooled value).
 
-The pooled r is ``tanh(mean_s atanh(r_s))`` (Fisher z averaged over seeds). Its interval is a
-two-level bootstrap: each draw resamples the seeds (with replacement) and the relations (one
-set of relation indices for all seeds, since every seed studies the same relations), recomputes
-each drawn seed's r on the drawn relations and averages their z. With few seeds the seed level
-is coarse (3 seeds give 10 distinct multisets), which the interval then reflects rather than
-hides. Measured coverage of the 95% interval, 24 relations and 3 seeds (300 simulated sets of
-studies): 0.90 when the seeds agree exactly, 0.94 when each seed adds its own noise (SD 0.3 of the
-relations' spread); a percentile interval of a correlation on 24 cases covers slightly less than
-nominal. Each seed's own Monte-Carlo p (its study's simulated null) is listed beside it.
+The pooled r is ``tanh(mean_s atanh(r_s))`` (Fisher z averaged over seeds). Its interval adds two
+variances of that mean z: the relations' (a bootstrap that resamples one set of relation indices
+for all seeds, since every seed studies the same relations) and the seeds' (their z's sample
+variance over k), with a t quantile whose degrees of freedom (Welch-Satterthwaite) come from the
+k seeds, so that three seeds widen it as they should. (A first version resampled the seeds in the
+bootstrap instead: with 3 seeds that shrinks their variance by a third and has no t widening; a
+review measured its coverage at 0.85 and 0.77 for seed-to-seed z SDs of 0.6 and 1.0.) Measured
+coverage of this interval's nominal 95%, 24 relations and 3 seeds whose true z differ by an SD of
+0, 0.3, 0.6 and 1.0 (300 simulated sets each): 0.94, 0.93, 0.91, 0.92. Each seed's own r, CI and
+Monte-Carlo p (its study's simulated null, on all its relations; the pooled value uses the
+relations every seed has) is listed beside it.
 
 >>> pooled, per_seed = pool_over_seeds(["results/study_seed0", "results/study_seed1", "results/study_seed2"])
 """
@@ -28,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from interp.resampling import percentile_interval
+from scipy import stats
 
 from .compare import CompareError, load_study
 
@@ -55,12 +56,17 @@ def pooled_correlation(
     r = _r(x, y)
     z = np.arctanh(np.clip(r, -0.999999, 0.999999))
     rng = np.random.default_rng(seed)
-    seeds = rng.integers(0, k, (n_boot, k))
     rels = rng.integers(0, n, (n_boot, n))
-    rb = _r(x[seeds[:, :, None], rels[:, None, :]], y[seeds[:, :, None], rels[:, None, :]])  # [B, k]
-    zb = np.nanmean(np.arctanh(np.clip(rb, -0.999999, 0.999999)), axis=1)
-    zb = zb[np.isfinite(zb)]
-    low, high = percentile_interval(np.tanh(zb), confidence)
+    zb = np.arctanh(np.clip(_r(x[:, rels].transpose(1, 0, 2), y[:, rels].transpose(1, 0, 2)), -0.999999, 0.999999))
+    zb = np.nanmean(zb, axis=1)  # [B]: the seeds' mean z on each resample of the relations
+    v_rel = float(np.nanvar(zb, ddof=1))
+    v_seed = float(z.var(ddof=1)) / k
+    se = np.sqrt(v_rel + v_seed)
+    # Welch-Satterthwaite: the seed term is estimated from k seeds (k - 1 df), the relation term
+    # from many resamples; with no seed-to-seed spread the interval is the normal one
+    df = np.inf if v_seed == 0 else se**4 * (k - 1) / v_seed**2
+    q = float(stats.t.ppf(0.5 + confidence / 2, df)) if np.isfinite(df) else float(stats.norm.ppf(0.5 + confidence / 2))
+    low, high = float(np.tanh(z.mean() - q * se)), float(np.tanh(z.mean() + q * se))
     return {
         "r_pooled": float(np.tanh(z.mean())),
         "ci_low": low,
@@ -70,7 +76,8 @@ def pooled_correlation(
         "r_max": float(r.max()),
         "n_seeds": k,
         "n_relations": n,
-        "n_boot": int(len(zb)),
+        "n_boot": int(np.isfinite(zb).sum()),
+        "df": float(df),
     }
 
 
