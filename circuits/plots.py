@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plots import PALETTE, style
+from interp.plots import PALETTE, add_caption, add_subtitle, place_labels, style
 
 from .statistics import significant
 
@@ -70,7 +70,11 @@ def _grids(rows: pd.DataFrame, index: str, columns: str, value: str, significanc
     return grid, sig.reindex(index=grid.index, columns=grid.columns).fillna(False).astype(bool)
 
 
-def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance, note: str = "") -> go.Figure:
+def _heatmap(
+    grid: pd.DataFrame, sig, x: list, y: list, value: str, significance, note: str = ""
+) -> tuple[go.Figure, str | None]:
+    """The heatmap, and the caption saying which cells are not significant (the caller adds it
+    after :func:`style`, since its offset is in pixels)."""
     z = grid.to_numpy(dtype=float)
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
     lim = lim or 1.0
@@ -88,21 +92,15 @@ def _heatmap(grid: pd.DataFrame, sig, x: list, y: list, value: str, significance
                     mode="markers",
                     name="not significant",
                     marker=dict(symbol="x-thin", size=10, line=dict(width=1.5, color="black")),
-                    showlegend=True,
+                    showlegend=False,  # the caption says what a cross means
                     hoverinfo="skip",
                 )
             )
-        fig.add_annotation(
-            text=f"{'blank' if significance == 'mask' else 'crossed'}: not significant, {len(rr)} of "
-            f"{z.size} cells ({note})",
-            xref="paper",
-            yref="paper",
-            x=0,
-            y=-0.18,
-            showarrow=False,
-            font=dict(size=11),
+        caption = (
+            f"{'blank' if significance == 'mask' else 'crossed'}: not significant, {len(rr)} of {z.size} cells ({note})"
         )
-    return fig
+        return fig, caption
+    return fig, None
 
 
 def _note(df: pd.DataFrame, by: str) -> str:
@@ -141,7 +139,7 @@ def head_heatmap(
             + (f" at position {position}" if position is not None else "")
         )
     grid, sig = _grids(heads, "layer", "head", value, significance, "head_heatmap", by)
-    fig = _heatmap(
+    fig, note = _heatmap(
         grid,
         sig,
         [f"H{int(h)}" for h in grid.columns],
@@ -154,7 +152,8 @@ def head_heatmap(
     shown = title or f"{value} by layer and head" + (f" at position {position}" if position is not None else "")
     fig.update_layout(title=f"{shown} ({how})" if how else shown, xaxis_title="head", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
-    return style(fig, size)
+    style(fig, size)
+    return add_subtitle(fig, note) if note else fig
 
 
 def position_heatmap(
@@ -177,12 +176,13 @@ def position_heatmap(
         raise ValueError("position_heatmap: no per-position rows (run ActivationPatching with by_position=True)")
     grid, sig = _grids(rows, "layer", "position", value, significance, "position_heatmap", by)
     x = [f"{int(p)}:{tokens[int(p)]}" if tokens is not None else str(int(p)) for p in grid.columns]
-    fig = _heatmap(grid, sig, x, [f"L{int(l)}" for l in grid.index], value, significance, _note(df, by))
+    fig, note = _heatmap(grid, sig, x, [f"L{int(l)}" for l in grid.index], value, significance, _note(df, by))
     how = aggregation(rows, "layer", "position")
     shown = title or f"{value} by layer and position"
     fig.update_layout(title=f"{shown} ({how})" if how else shown, xaxis_title="position", yaxis_title="layer")
     fig.update_yaxes(autorange="reversed")
-    return style(fig, size)
+    style(fig, size)
+    return add_subtitle(fig, note) if note else fig
 
 
 def _node_xy(name: str, layer: int, n_heads: int) -> tuple[float, float]:
@@ -196,8 +196,16 @@ def _node_xy(name: str, layer: int, n_heads: int) -> tuple[float, float]:
     if base.startswith("MLP"):
         return (n_heads + 0.5, layer + 0.5)
     head = int(base.split("H")[1])
-    shift = {"q": -0.18, "k": 0.0, "v": 0.18}.get(name.split(".")[1], 0.0) if "." in name else 0.0
+    # a receiver's q, k and v inputs sit apart (about 8 px at any head count), so that edges from one
+    # sender into two of them do not coincide
+    step = 0.015 * max(n_heads, 2)
+    shift = {"q": -step, "k": 0.0, "v": step}.get(name.split(".")[1], 0.0) if "." in name else 0.0
     return (float(head) + shift, float(layer))
+
+
+#: the line style of an edge into a head's query, key or value input (letters written on the
+#: edges, as before, landed on the nodes' names)
+INPUT_DASH = {"q": "solid", "k": "dash", "v": "dot"}
 
 
 def circuit_graph(
@@ -235,36 +243,28 @@ def circuit_graph(
         colour = PALETTE[5] if row.effect < 0 else PALETTE[0]
         width = 1 + 7 * abs(row.effect) / lim
         label = f"{row.sender} → {row.receiver}: {row.effect:+.3g}"
+        into = row.receiver.split(".")[1] if "." in row.receiver else ""
         fig.add_trace(
             go.Scatter(
                 x=[s[0], r[0]],
                 y=[s[1], r[1]],
                 mode="lines",
-                line=dict(color=colour, width=width),
+                line=dict(color=colour, width=width, dash=INPUT_DASH.get(into, "solid")),
                 hoverinfo="text",
                 text=[label, label],
                 showlegend=False,
             )
         )
-    mids = []
-    for r in e.itertuples():
-        a = _node_xy(r.sender, int(r.sender_layer), n_heads)
-        r_layer = r.receiver_layer if pd.notna(r.receiver_layer) else edges["sender_layer"].max() + 1
-        b = _node_xy(r.receiver, int(r_layer), n_heads)
-        mids.append(
-            (a[0] * 0.3 + b[0] * 0.7, a[1] * 0.3 + b[1] * 0.7, r.receiver.split(".")[1] if "." in r.receiver else "")
+    for into in [i for i in INPUT_DASH if e.receiver.str.endswith("." + i).any()]:  # a legend of the dashes
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="lines",
+                line=dict(color="black", width=2, dash=INPUT_DASH[into]),
+                name=f"into {into}",
+            )
         )
-    fig.add_trace(
-        go.Scatter(
-            x=[m[0] for m in mids],
-            y=[m[1] for m in mids],
-            mode="text",
-            text=[m[2] for m in mids],
-            textfont=dict(size=16, color="black"),
-            showlegend=False,
-            hoverinfo="skip",
-        )
-    )
     names = list(pos)
     fig.add_trace(
         go.Scatter(
@@ -280,10 +280,11 @@ def circuit_graph(
     )
     fig.update_layout(
         title=title or f"strongest {len(e)} edges ({value}; blue raises, orange lowers the metric)",
+        legend=dict(orientation="h", x=0, y=-0.02, yanchor="top"),
         xaxis=dict(visible=False, range=[min(p[0] for p in pos.values()) - 0.6, max(p[0] for p in pos.values()) + 0.6]),
-        yaxis=dict(title="layer", zeroline=False),
+        yaxis=dict(title="layer", zeroline=False, dtick=1),
     )
-    return style(fig, size)
+    return place_labels(style(fig, size))
 
 
 def faithfulness_plot(
@@ -359,19 +360,6 @@ def faithfulness_plot(
     )
     fig.update_xaxes(type="log")
     fig = style(fig, size)
-    if caption:
-        lines = caption.count("<br>") + 1
-        fig.add_annotation(
-            text=caption,
-            xref="paper",
-            yref="paper",
-            x=0,
-            y=-0.2,
-            xanchor="left",
-            yanchor="top",
-            showarrow=False,
-            align="left",
-            font=dict(size=11),
-        )
-        fig.update_layout(margin=dict(b=90 + 16 * lines))
+    if caption:  # below the axis title and the log axis's two rows of tick labels
+        add_caption(fig, caption, below=100)
     return fig

@@ -5,6 +5,7 @@
 >>> acts = interp.capture(model, ["Vorn Kallit lives in"], sites=model.sites[:3])
 """
 
+from .attention import attention_patterns
 from .backends import BACKENDS, DEFAULT_BACKEND
 from .capture import Activations, capture
 from .lens import LogitLensError, logit_lens
@@ -32,5 +33,6 @@ __all__ = [
     "capture",
     "load_model",
     "logit_lens",
+    "attention_patterns",
     "LogitLensError",
 ]

@@ -1,11 +1,9 @@
 """The study's HTML report renders in headless Chromium: figures drawn, no script errors."""
 
-import shutil
 import subprocess
 
 import numpy as np
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from figure_layout import CHROMIUM, headless
 
 
 def test_report_renders_with_figures(finished_study, tmp_path):
@@ -14,15 +12,7 @@ def test_report_renders_with_figures(finished_study, tmp_path):
     shot = tmp_path / "report.png"
     proc = subprocess.run(
         [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'profile'}",
+            *headless(tmp_path / "profile"),
             "--enable-logging=stderr",
             "--v=0",
             "--window-size=1400,3000",

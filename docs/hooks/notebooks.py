@@ -1,5 +1,9 @@
 """MkDocs hook: render the notebooks of ``tutorials/`` in the site.
 
+The site shows each tutorial's executed copy, ``docs/tutorials/<name>.ipynb``, written by
+``execute_tutorials.py`` beside this file (a test keeps it in step with its tutorial); a tutorial
+without one is shown from ``tutorials/``, without outputs.
+
 MkDocs reads only ``docs_dir``, and the notebooks live in ``tutorials/`` at the repository root
 (the test suite executes them there). This hook adds each ``tutorials/*.ipynb`` to the site's
 files as ``tutorials/<name>.ipynb`` (before mkdocs-jupyter converts notebooks, hence the
@@ -28,7 +32,8 @@ DOCS_HREF = re.compile(r'href="\.\./docs/([^"#]+\.md)(#[^"]*)?"')
 @event_priority(100)  # before mkdocs-jupyter's on_files (priority 0) wraps the notebooks
 def on_files(files, config):
     for name in sorted(os.listdir(TUTORIALS)):
-        if name.endswith(".ipynb"):
+        # an executed copy in docs/tutorials/ (execute_tutorials.py) is already among the files
+        if name.endswith(".ipynb") and files.get_file_from_path(f"tutorials/{name}") is None:
             files.append(File(f"tutorials/{name}", ROOT, config["site_dir"], config["use_directory_urls"]))
     return files
 

@@ -249,7 +249,13 @@ def compare_figures(table: pd.DataFrame, long: pd.DataFrame) -> dict[str, go.Fig
             grid.update_xaxes(title_text="readability kappa", row=i // cols + 1, col=i % cols + 1)
     grid.update_yaxes(title_text="generalization kappa", col=1)
     style(grid, "two-column")
-    grid.update_layout(height=330 * rows + 120, title="Readability vs generalization, per model", font=dict(size=14))
+    # the panels' two-line titles need the room between the figure's title and the first row
+    grid.update_layout(
+        height=330 * rows + 170,
+        title="Readability vs generalization, per model",
+        font=dict(size=14),
+        margin=dict(t=130),
+    )
     grid.update_annotations(font_size=14)
 
     forest = go.Figure()

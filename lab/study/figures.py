@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plots import PALETTE, style
+from interp.plots import PALETTE, place_labels, style
 from probes.plots import accuracy_by_layer
 
 
@@ -58,7 +58,7 @@ def scatter(
             yaxis_title="held-out accuracy of the new labels",
         )
     fig.update_layout(title=title)
-    return style(fig, "two-column")
+    return place_labels(style(fig, "two-column"))
 
 
 def null_calibration(null: pd.DataFrame) -> go.Figure:

@@ -72,7 +72,7 @@ import plotly.graph_objects as go
 
 import interp
 from interp.models import Model
-from interp.plots import export
+from interp.plots import export, place_labels
 from interp.relations import Relation
 from interp.resampling import bootstrap_indices, monte_carlo_p, percentile_interval
 from interp.results import write_json, write_table
@@ -491,7 +491,7 @@ def effects_figure(df: pd.DataFrame, summary: dict) -> go.Figure:
         width=900,
         height=620,
     )
-    return fig
+    return place_labels(fig)
 
 
 # ----------------------------------------------------------------------------------------------

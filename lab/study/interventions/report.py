@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from interp.plots import PALETTE, export, style
+from interp.plots import PALETTE, export, place_labels, style
 from interp.resampling import bootstrap_indices, percentile_interval, resampled_means, sign_flip_p
 from interp.results import write_text
 
@@ -211,7 +211,7 @@ def figures(out: Path) -> dict[str, go.Figure]:
             xaxis_title="probe kappa of the original answer (best layer)",
             yaxis_title=name,
         )
-        figs[y] = style(fig, "two-column")
+        figs[y] = place_labels(style(fig, "two-column"))
     return figs
 
 
