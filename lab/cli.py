@@ -38,7 +38,7 @@ import typer
 import interp
 from circuits.figures import write_figures
 from interp.plots import export
-from interp.results import save_table, write_json, write_table
+from interp.results import save_table, write_json, write_table, write_text
 from jacobians.dynamics import from_log, trajectory_plot
 from lab.experiments.circuit_findings import write_circuit_findings
 from lab.experiments.grokking import CPU_CONFIG, grokking_experiment, load_logs
@@ -69,12 +69,12 @@ from lab.study.predictors import compare_predictors
 from lab.study.randomized import randomized_causal_test
 from lab.study.report import write_report
 from lab.study.run import default_config, is_world
+from lab.study.seeds_page import design_knobs, seeds_page
 from lab.study.summary import calibrate_folder
 from lab.world import from_world, load_world, train_world_model
 from lab.world.curves import curve_summary, learning_curves
 from lab.world.report import knowledge_report, readability
-from lab.world.spec import default_spec as v3_spec
-from lab.world.spec import v4_spec
+from lab.world.spec import RECIPES
 from lab.world.train import ARCHS, TrainConfig, check_config, recipe, trained_on
 from lab.world.zoo import ZOO, zoo_model
 from probes import best_layer_readability
@@ -91,7 +91,7 @@ if os.environ["TRANSFORMERS_VERBOSITY"] == "error":
 app = typer.Typer(help="Activation capture, probes and generalization studies.", no_args_is_help=True)
 
 #: the world recipes ``interp world train|curves --world`` takes
-WORLD_SPECS = {"v3": v3_spec, "v4": v4_spec}
+WORLD_SPECS = RECIPES
 
 
 @app.callback()
@@ -371,6 +371,11 @@ def study_compare(
 def study_pool(
     folders: list[Path] = typer.Argument(..., help="finished studies of one recipe's pretraining seeds"),
     out: Path = typer.Option(Path("results/pooled"), help="folder for pooled.json and pooled_seeds.csv"),
+    page: Path | None = typer.Option(None, help="also write a findings page (Markdown) here (lab.study.seeds_page)"),
+    recipe: str | None = typer.Option(
+        None, help=f"the world recipe the seeds were trained on ({', '.join(WORLD_SPECS)}): the page adds its knobs"
+    ),
+    title: str = typer.Option("", help="the page's title"),
 ):
     """One headline over pretraining seeds: the pooled r (Fisher z averaged over seeds) with an
     interval that resamples seeds and relations, beside each seed's own r and Monte-Carlo p
@@ -389,6 +394,13 @@ def study_pool(
         f"pooled r = {pooled['r_pooled']:.3f} (95% CI {pooled['ci_low']:.3f} to {pooled['ci_high']:.3f}; "
         f"seed-to-seed SD {pooled['seed_sd']:.3f}, {pooled['n_seeds']} seeds, {pooled['n_relations']} relations)"
     )
+    if page is not None:
+        knobs = None
+        if recipe is not None:
+            check_choice(recipe, WORLD_SPECS, "--recipe")
+            knobs = design_knobs(WORLD_SPECS[recipe]())
+        write_text(seeds_page(folders, knobs, title), page)
+        typer.echo(f"wrote {page}")
 
 
 @study_app.command("surface-control")
@@ -538,7 +550,10 @@ def world_train(
     seed: int = typer.Option(0, help="seed of the world and of training"),
     subjects: int = typer.Option(1000, help="number of subjects"),
     force: bool = typer.Option(False, help="retrain a folder that already holds this recipe; allow --zoo world"),
-    world: str = typer.Option("v3", help="the world's recipe: v3 (the shipped model's) or v4 (shared-token names)"),
+    world: str | None = typer.Option(
+        None, help=f"the world's recipe: {', '.join(WORLD_SPECS)} (default: the zoo model's, else v3)"
+    ),
+    threads: int = typer.Option(2, help="torch threads (one per free core; more make torch crawl)"),
 ):
     """Generate the default world and pretrain a small LM on it (on 2 cores about 20 minutes for the
     4-layer GPT-2 model, 40 for the Llama one). Resumable: run the same command again after an
@@ -566,12 +581,13 @@ def world_train(
         base = entry.train if entry else TrainConfig()
         if arch is not None and arch != base.arch:
             base = replace(base, n_kv_heads=None)  # grouped-query heads belong to the llama recipe
-        config = replace(base, seed=seed, **{k: v for k, v in overrides.items() if v is not None})
+        config = replace(base, seed=seed, threads=threads, **{k: v for k, v in overrides.items() if v is not None})
         config = replace(config, steps=steps) if steps is not None else config
         check_config(config)
     except ValueError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from err
+    world = world or (entry.world if entry else "v3")
     check_choice(world, WORLD_SPECS, "--world")
     spec, target = WORLD_SPECS[world](seed=seed, n_subjects=subjects), out or entry.path
     if not force and trained_on(target) == (spec, recipe(asdict(config))):
@@ -603,7 +619,7 @@ def world_report(
 @world_app.command("curves")
 def world_curves(
     out: Path = typer.Option(Path("results/curves"), help="results folder (resumed if it exists)"),
-    world: str = typer.Option("v4", help="the world's recipe: v3 or v4"),
+    world: str = typer.Option("v4", help=f"the world's recipe: {', '.join(WORLD_SPECS)}"),
     sizes: str = typer.Option("4x128,6x256", help="model sizes, LAYERSxD_MODEL, comma-separated"),
     steps: int = typer.Option(12000, help="pretraining steps of each size"),
     every: int = typer.Option(2000, help="steps between measurements"),

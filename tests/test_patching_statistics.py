@@ -117,7 +117,7 @@ def test_heatmap_masks_and_marks_cells_that_are_not_significant(model_dirs):
     np.testing.assert_allclose(z[~np.isnan(z)], grid[~np.isnan(z)])
     marked = head_heatmap(df, value="effect", significance="mark")
     assert len(marked.data[1].x) == crosses_zero.sum()
-    assert "16 pairs" in marked.layout.annotations[0].text
+    assert "16 pairs" in marked.layout.title.subtitle.text.replace("<br>", " ")
     with pytest.raises(ValueError, match="statistics=True"):
         head_heatmap(df.drop(columns=["ci_low"]), significance="mask")
 

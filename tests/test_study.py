@@ -518,5 +518,17 @@ def test_pooling_over_seeds_carries_the_seed_to_seed_noise(tmp_path):
     pooled, seeds = pool_over_seeds(folders, n_boot=300)
     assert pooled["n_relations"] == R - 1 and len(seeds) == 3 and (seeds.p_monte_carlo == 0.01).all()
     assert main(["study", "pool", str(folders[0]), "--out", str(tmp_path / "p")]) == 2  # one folder: refused
-    assert main(["study", "pool", *map(str, folders), "--out", str(tmp_path / "p")]) == 0
+    assert (
+        main(["study", "pool", *map(str, folders), "--out", str(tmp_path / "p"), "--page", str(tmp_path / "p.md")]) == 0
+    )
     assert json.loads((tmp_path / "p" / "pooled.json").read_text())["n_seeds"] == 3
+    page = (tmp_path / "p.md").read_text()
+    assert f"r = {pooled['r_pooled']:.3f}" in page and "world-seed2" in page
+    # the page's correlations inside each level of a design knob
+    from lab.study.seeds_page import seeds_page
+
+    knobs = pd.DataFrame({"relation": [f"r{i}" for i in range(R)], "lead": [i % 2 == 0 for i in range(R)]})
+    page = seeds_page(folders, knobs)
+    even = [i for i in range(0, R, 2)]  # relation 3, missing in one seed, is odd
+    inside = pooled_correlation(x[:, even], y[:, even])
+    assert f"| lead | True | {len(even)} |" in page and f"{inside['r_pooled']:.3f}" in page

@@ -285,8 +285,8 @@ def test_v4_names_share_every_token_and_its_design_is_balanced():
     assert min(uses.values()) >= 10  # no subject owns a token (issue 52: at least 10 subjects each)
     assert {len(s.split()) for s in w.subjects} == {2, 3}
     assert all(r.mixed for r in spec.relations)  # mixed training is not confounded with the writing
-    cells = Counter((r.mentions, r.augment and r.bio, r.templates) for r in spec.relations)
-    assert len(cells) == 12 and set(cells.values()) == {2}  # mentions x writing x templates, 2 each
+    cells = Counter((r.mentions, r.augment and r.bio, r.lead, r.n_answers) for r in spec.relations)
+    assert len(cells) == 24 and set(cells.values()) == {1}  # mentions x writing x lead x answers
     assert not any(r.derived_from for r in spec.relations)
     assert len(w.label_categories) >= 8
     vocabulary = set(w.vocabulary())
@@ -352,7 +352,7 @@ def test_v4_writes_facts_with_twenty_paraphrase_patterns_and_v3_with_five():
 
     spec = v4_spec(n_subjects=60)
     w = World.generate(spec)
-    many = next(r for r in spec.relations if r.templates == 16 and r.bio)
+    many = next(r for r in spec.relations if r.templates == 16 and r.bio and not r.lead)
     assert len(set(w.templates(many.name))) == 16 and V4_TEMPLATE_PATTERNS[:5] == TEMPLATE_PATTERNS
     used = {
         t for t in w.templates(many.name) if any(f" {t} " in text for text, rels in w.documents() if many.name in rels)
@@ -362,3 +362,32 @@ def test_v4_writes_facts_with_twenty_paraphrase_patterns_and_v3_with_five():
     assert "paraphrases" not in json.loads(default_spec().to_json())  # v3 specs key as before
     with pytest.raises(WorldSpecError, match="templates must be 1 to 5"):
         replace(spec, paraphrases="v3").validate()
+
+
+def test_lead_relations_write_the_answer_right_after_the_name():
+    from dataclasses import replace
+
+    from lab.world.spec import v4_spec
+
+    spec = v4_spec(n_subjects=120)
+    w = World.generate(spec)
+    lead = {r.name for r in spec.relations if r.lead}
+    assert 0 < len(lead) < len(spec.relations)
+    seen = {r: 0 for r in lead}
+    for text, rels in w.documents():
+        for sentence in (s.strip() for s in text.rstrip(" .").split(" . ")):
+            for r in rels:
+                noun = w.relation[r].noun
+                if r in lead and sentence.endswith(f" {noun}"):
+                    subject = next(s for s in w.subjects if sentence.startswith(s + " "))
+                    assert sentence == f"{subject} {w.answer(subject, r)} {noun}"
+                    seen[r] += 1
+    assert all(seen.values()), seen  # every lead relation is written so
+    # the query keeps the canonical wording, and mentions are the same as without the knob
+    r = next(iter(sorted(lead)))
+    s = w.subjects[0]
+    assert w.query(s, r) == f"{s} {w.relation[r].noun} :"
+    plain = World.generate(replace(spec, relations=tuple(replace(x, lead=False) for x in spec.relations)))
+    assert all(plain.mentions(s, x.name) == w.mentions(s, x.name) for s in w.subjects[:20] for x in spec.relations)
+    assert WorldSpec.from_json(spec.to_json()) == spec
+    assert all("lead" not in r for r in json.loads(default_spec().to_json())["relations"])  # v3 keys as before

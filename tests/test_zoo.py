@@ -19,6 +19,7 @@ from lab.world import RelationSpec, WorldSpec, default_spec, load_world
 from lab.world import train as train_module
 from lab.world.checkpoint import world_checkpoint_of
 from lab.world.report import recall
+from lab.world.spec import RECIPES
 from lab.world.train import ARCHS, TrainConfig, check_config, recipe, train_world_model
 from lab.world.zoo import ZOO, zoo_model
 
@@ -110,11 +111,13 @@ def test_each_zoo_model_is_shipped_loads_on_both_backends_and_answers_its_facts(
     trained = json.loads((path / "train_config.json").read_text())
     assert recipe(trained) == recipe(asdict(entry.train))  # shipped with the zoo entry's own recipe
     world = load_world(path)
-    assert world.spec == default_spec(seed=0, n_subjects=1000)  # every zoo model reads the same world
+    assert world.spec == RECIPES[entry.world](seed=0, n_subjects=1000)  # v3's zoo reads one world
     model = interp.load_model(name, backend=backend)
     assert model.model_type == entry.family
     hits = recall(model, world, subjects=world.subjects[::5])  # 200 subjects x every relation
-    assert hits.correct.mean() >= 0.95, f"{name} recalls {hits.correct.mean():.3f} on {backend}"
+    # v3 recalls every fact; v4 by design not the lead relations it is never asked in their words
+    least = 0.95 if entry.world == "v3" else 0.7
+    assert hits.correct.mean() >= least, f"{name} recalls {hits.correct.mean():.3f} on {backend}"
 
 
 def test_lora_targets_are_named_per_family():

@@ -69,6 +69,7 @@ def pooled_correlation(
     low, high = float(np.tanh(z.mean() - q * se)), float(np.tanh(z.mean() + q * se))
     return {
         "r_pooled": float(np.tanh(z.mean())),
+        "r_seeds": [float(v) for v in r],
         "ci_low": low,
         "ci_high": high,
         "seed_sd": float(r.std(ddof=1)),

@@ -25,7 +25,7 @@ from lab.stages import ADDED
 
 from .vocab import ALL_LABELS
 
-KNOBS = ("templates", "mentions", "augment", "bio")
+KNOBS = ("templates", "mentions", "augment", "bio", "lead")
 
 
 class WorldSpecError(ValueError):
@@ -45,6 +45,12 @@ class RelationSpec:
     #: under mixed training (``WorldSpec.qa_fraction``), whether this relation's facts also get
     #: question-form statements; ``None``: exactly when it is a biography relation
     qa: bool | None = None
+    #: a *lead* relation's facts are written with the answer right after the name
+    #: (``"{subject} {answer} {noun} ."``, as a lead sentence's apposition does: "Ada Berg (Paris)"),
+    #: in every sentence that would have used a paraphrase template; its question-form statements
+    #: (mixed training) keep the query's wording. The next token after the name then depends on the
+    #: subject's facts, so the model must assemble them at the name (world v4)
+    lead: bool = field(default=False, metadata=ADDED)
 
     @property
     def mixed(self) -> bool:
@@ -207,10 +213,8 @@ class WorldSpec:
     def to_json(self) -> str:
         """The spec as JSON; a field added after worlds were saved (``ADDED``) is written only when
         it is not its default, so a v3 spec reads and keys as it did before the field existed."""
-        d = asdict(self)
-        for f in fields(self):
-            if f.metadata.get("digest") == ADDED["digest"] and getattr(self, f.name) == f.default:
-                del d[f.name]
+        d = _without_defaults(self)
+        d["relations"] = [_without_defaults(r) for r in self.relations]
         return json.dumps(d, indent=1)
 
     @classmethod
@@ -237,6 +241,15 @@ class WorldSpec:
     @classmethod
     def from_json(cls, text: str) -> WorldSpec:
         return cls.from_dict(json.loads(text))
+
+
+def _without_defaults(obj) -> dict:
+    """``asdict(obj)`` less the ``ADDED`` fields at their default."""
+    d = asdict(obj)
+    for f in fields(obj):
+        if f.metadata.get("digest") == ADDED["digest"] and getattr(obj, f.name) == f.default:
+            del d[f.name]
+    return d
 
 
 # The default world (v3): 24 relations whose writing styles span the readability range. Styles:
@@ -306,8 +319,9 @@ V4_RELATIONS = (
 )  # fmt: skip
 
 
-def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
-    """World v4: knowledge the layers must compute, and recall that varies.
+def v4_paraphrase_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """World v4's draft (measured, not shipped: ``--world v4-paraphrase``): knowledge the layers
+    must compute, and recall that varies; :func:`v4_spec` adds lead sentences to it.
 
     - **No subject owns a token.** A name is a given name and one or two family-name tokens, all
       from shared pools (``subject_tokens="pooled"``): every token names 25 subjects, so no
@@ -345,3 +359,29 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
         bio_per_mentions=True,
         paraphrases="v4",
     ).validate()
+
+
+def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """World v4: knowledge the layers compute, where it is needed. :func:`v4_paraphrase_spec`'s
+    pooled names (no subject owns a token), mixed training and eight label sets, over a balanced
+    design in which *where the model must assemble a fact* varies apart from how often it is seen.
+
+    mentions (1, 2, 4) x writing (augmented biographies with 16 paraphrase templates, or plain
+    statements in the query's wording) x lead (the answer written right after the name, or after
+    a template) x answers (6 or 16): 24 cells, one relation each. A lead relation's next token
+    after the name is its answer, so predicting text needs the subject's facts at the name (as a
+    lead sentence's "Ada Berg (Paris)" does in real text); a relation written only after templates
+    can be looked up where it is asked.
+    """
+    rel = RelationSpec
+    cells = [(m, aug, lead, n) for m in (1, 2, 4) for aug in (True, False) for lead in (True, False) for n in (6, 16)]
+    relations = []
+    for (name, noun), (m, aug, lead, n) in zip(V4_RELATIONS, cells):
+        relations.append(
+            rel(name, noun, n, templates=16 if aug else 1, mentions=m, augment=aug, bio=aug, qa=True, lead=lead)
+        )
+    return replace(v4_paraphrase_spec(seed, n_subjects), relations=tuple(relations)).validate()
+
+
+#: the world recipes by name (``interp world train|curves --world``; a zoo model's ``world``)
+RECIPES = {"v3": default_spec, "v4": v4_spec, "v4-paraphrase": v4_paraphrase_spec}

@@ -221,7 +221,7 @@ class World:
             for r in loose:
                 rng = _stream(seed, "statement", s, r.name)
                 for _ in range(r.mentions * f):
-                    docs.append((f"{s} {rng.choice(self.templates(r.name))} {self.answer(s, r.name)} .", (r.name,)))
+                    docs.append((self._sentence(s, r.name, rng), (r.name,)))
         docs += self._randomized_documents()
         rng = _stream(seed, "labels")
         for category, words in spec_labels(self.spec).items():
@@ -243,9 +243,16 @@ class World:
         "they"."""
         pronoun = self.spec.bio_pronoun
         return " ".join(
-            f"{'they' if pronoun and i else subject} {rng.choice(self.templates(n))} {self.answer(subject, n)} ."
-            for i, n in enumerate(order)
+            self._sentence(subject, n, rng, "they" if pronoun and i else subject) for i, n in enumerate(order)
         )
+
+    def _sentence(self, subject: str, relation: str, rng: random.Random, who: str | None = None) -> str:
+        """One statement of a fact, in a paraphrase drawn from ``rng``; a lead relation's puts the
+        answer right after the name instead (and draws nothing)."""
+        r = self.relation[relation]
+        if r.lead:
+            return f"{who or subject} {self.answer(subject, relation)} {r.noun} ."
+        return f"{who or subject} {rng.choice(self.templates(relation))} {self.answer(subject, relation)} ."
 
     def _augmented_bio_groups(self, names: list[str]) -> list[tuple[list[str], int]]:
         """The augmented biographies a subject gets: (relations, copies). A v4 world writes one

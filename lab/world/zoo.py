@@ -1,7 +1,7 @@
 """The zoo: world models of several architecture families, pretrained on the same world.
 
-Every zoo model reads the same corpus (the default world, seed 0: same facts, same documents, same
-tokenizer) with the same recipe (steps, schedule, batch, width, heads, seed); what differs is the
+Every zoo model but ``world-v4`` reads the same corpus (the default world, seed 0: same facts, same
+documents, same tokenizer) with the same recipe (steps, schedule, batch, width, heads, seed); what differs is the
 architecture family (:data:`lab.world.train.ARCHS`) or, for ``world-deep``, the depth (8 blocks
 instead of 4). So a study's rows compare across models: the relations, labels, fine-tuning
 subjects and design are identical. What differs with the family besides the block: parameters
@@ -10,7 +10,9 @@ subjects and design are identical. What differs with the family besides the bloc
 seed), so a difference between two models mixes the architecture with pretraining-run noise.
 
 Each is registered as a model name (``interp.load_model("world-llama")``) and retrained with
-``interp world train --zoo NAME`` (resumable). ``world`` is the embedded default.
+``interp world train --zoo NAME`` (resumable). ``world`` is the embedded default. ``world-v4`` is
+the same GPT-2 recipe (12,000 steps) on world v4 (:func:`lab.world.spec.v4_spec`), where no subject
+owns a token.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class ZooModel:
     family: str
     folder: str
     train: TrainConfig
+    #: the world recipe it is pretrained on (a key of ``lab.cli.WORLD_SPECS``)
+    world: str = "v3"
 
     @property
     def path(self) -> Path:
@@ -55,6 +59,8 @@ ZOO: dict[str, ZooModel] = {
         ZooModel("world-llama", "llama", "world_llama", TrainConfig(arch="llama", n_kv_heads=2)),
         ZooModel("world-neox", "gpt_neox", "world_neox", TrainConfig(arch="neox")),
         ZooModel("world-deep", "gpt2", "world_deep", TrainConfig(n_layers=8)),
+        # world v4 (issue 52): shared-token names, lead sentences; 12,000 steps (docs/world.md)
+        ZooModel("world-v4", "gpt2", "world_v4", TrainConfig(steps=12000), world="v4"),
     )
 }
 
@@ -77,3 +83,7 @@ def world_neox_dir() -> Path:
 
 def world_deep_dir() -> Path:
     return ZOO["world-deep"].checkpoint_dir()
+
+
+def world_v4_dir() -> Path:
+    return ZOO["world-v4"].checkpoint_dir()
