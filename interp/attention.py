@@ -7,8 +7,10 @@ on every family and both backends; padding is removed, so a prompt's pattern is 
 and in a batch (tested).
 
 :func:`attention_patterns` returns one row per (prompt, layer, head, query position, key
-position) of the real tokens: ``prompt``, ``layer``, ``head``, ``query_position``,
-``key_position``, ``query_token``, ``key_token``, ``weight``. Everything below draws from that
+position) of the real tokens: ``prompt_index`` (its place in the inputs: the same text twice is
+two prompts), ``prompt``, ``layer``, ``head``, ``query_position``, ``key_position``,
+``query_token``, ``key_token``, ``weight``. Every requested layer comes from one forward pass
+per batch. Everything below draws from that
 table, so a saved CSV redraws it:
 
 - :func:`attention_figure`: a static grid of heads (query x key heatmaps, tokens on the axes), for
@@ -32,11 +34,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .models import Model, load_model
-from .plots import SIZES, style
+from .plots import SIZES, fit_title, style
 from .prompts import as_prompts
 from .tokens import encode
 
 ATTENTION_COLUMNS = [
+    "prompt_index",
     "prompt",
     "layer",
     "head",
@@ -70,14 +73,19 @@ def attention_patterns(
         raise AttentionError(f"heads {bad} are outside the model's 0 to {H - 1}")
     if batch_size < 1:
         raise AttentionError(f"batch_size must be at least 1, got {batch_size}")
+    if model._standing:
+        raise AttentionError(
+            "this handle carries interventions (Model.intervened), which the model's own attention does not "
+            "apply: read attention from the handle without them, or patch and read through model.run"
+        )
     prompts = as_prompts(inputs)
     encoded = encode(model.tokenizer, prompts)
     frames = []
     for start in range(0, len(prompts), batch_size):
         chunk = list(range(start, min(len(prompts), start + batch_size)))
         batch = model.batch([encoded[i] for i in chunk], "right")
-        for layer in layers:
-            pattern = model.attention_pattern(batch, layer).float().cpu().numpy()  # [batch, head, q, k]
+        patterns = model.attention_pattern(batch, layers).float().cpu().numpy()  # [layer, batch, head, q, k]
+        for layer, pattern in zip(layers, patterns):
             for row, i in enumerate(chunk):
                 n = len(encoded[i])
                 tokens = _tokens(model, encoded[i].ids)
@@ -86,6 +94,7 @@ def attention_patterns(
                 frames.append(
                     pd.DataFrame(
                         {
+                            "prompt_index": i,
                             "prompt": prompts[i].text if prompts[i].text is not None else f"prompt {i}",
                             "layer": layer,
                             "head": h.ravel(),
@@ -105,14 +114,24 @@ def _tokens(model, ids: Sequence[int]) -> list[str]:
     return [tok.decode([i]) for i in ids] if tok is not None else [str(i) for i in ids]
 
 
-def _select(att: pd.DataFrame, prompt: str | None, layer: int | None) -> tuple[pd.DataFrame, str, int]:
+def _select(att: pd.DataFrame, prompt: str | int | None, layer: int | None) -> tuple[pd.DataFrame, str, int]:
+    """One prompt's rows at one layer: ``prompt`` is its text (the first prompt with it) or its
+    ``prompt_index``; None: the table's first."""
     if att.empty:
         raise AttentionError("the attention table is empty")
     prompts = list(dict.fromkeys(att.prompt))
-    prompt = prompts[0] if prompt is None else prompt
-    if prompt not in prompts:
+    if prompt is None:
+        index = att.prompt_index.iloc[0]
+    elif isinstance(prompt, int):
+        if prompt not in set(att.prompt_index):
+            raise AttentionError(f"prompt index {prompt} is not in the attention table")
+        index = prompt
+    elif prompt in prompts:
+        index = att.prompt_index[att.prompt == prompt].iloc[0]
+    else:
         raise AttentionError(f"prompt {prompt!r} is not in the attention table; it has {prompts}")
-    t = att[att.prompt == prompt]
+    t = att[att.prompt_index == index]
+    prompt = t.prompt.iloc[0]
     layers = sorted(set(t.layer))
     layer = layers[0] if layer is None else layer
     if layer not in layers:
@@ -133,13 +152,14 @@ def _pattern(t: pd.DataFrame, head: int) -> np.ndarray:
 
 def attention_figure(
     att: pd.DataFrame,
-    prompt: str | None = None,
+    prompt: str | int | None = None,
     layer: int | None = None,
     heads: Sequence[int] | None = None,
     columns: int = 4,
     size: str = "two-column",
 ) -> go.Figure:
-    """One prompt's attention at one layer (defaults: the table's first): a query (rows) x key
+    """One prompt's attention at one layer (defaults: the table's first; a prompt by its text or its
+    ``prompt_index``): a query (rows) x key
     (columns) heatmap per head, ``columns`` heads a row, on one 0-1 scale with one colour bar.
     Tokens label the axes of the first column and the last row; a longer prompt drops them (the
     hover still names every cell)."""
@@ -178,20 +198,18 @@ def attention_figure(
         )
         fig.update_yaxes(autorange="reversed", showticklabels=show_ticks and c == 1, row=r, col=c)
         fig.update_xaxes(showticklabels=show_ticks and r == rows, tickangle=-60, row=r, col=c)
-    width, height = SIZES[size] if size in SIZES else SIZES["two-column"]
+    fig.update_layout(title=f"Attention, layer {layer}: {prompt[:60]!r}")
     style(fig, size)
     fig.update_layout(
-        title=f"Attention, layer {layer}: {prompt[:60]!r}",
-        height=max(height, 260 * rows + 160),
-        width=width,
+        height=max(SIZES[size][1], 260 * rows + 160),
         font={"size": 14},
         margin={"l": 130 if show_ticks else 40, "b": 130 if show_ticks else 40, "t": 80},
     )
     fig.update_annotations(font_size=14)
-    return fig
+    return fit_title(fig)  # after the height is final
 
 
-def attention_view(att: pd.DataFrame, prompt: str | None = None, layer: int | None = None):
+def attention_view(att: pd.DataFrame, prompt: str | int | None = None, layer: int | None = None):
     """circuitsvis's interactive attention view of one prompt at one layer (every head in the
     table, in order): displays in a notebook cell; ``str(view)`` is its HTML."""
     try:

@@ -150,8 +150,9 @@ class Model:
         (the MLP's norm): an MLP's input on a residual stream of one's own (edge patching)."""
         return self.backend.mlp_norm(layer)
 
-    def attention_pattern(self, inputs, layer: int, padding_side: str | None = None) -> torch.Tensor:
-        """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch)."""
+    def attention_pattern(self, inputs, layer: int | list[int], padding_side: str | None = None) -> torch.Tensor:
+        """Attention probabilities ``[batch, head, query, key]`` at ``layer`` (prompts or a Batch);
+        for a list of layers ``[layer, batch, head, query, key]``, from one forward pass."""
         batch = self._on_device(inputs, padding_side)
         return self.backend.attention_pattern(batch.input_ids, batch.attention_mask, layer)
 

@@ -61,7 +61,8 @@ def style(fig: go.Figure, size: str = "one-column") -> go.Figure:
 
 def fit_title(fig: go.Figure) -> go.Figure:
     """Pin the title 12 px below the figure's top and make the top margin as tall as the title and
-    subtitle (a title of several lines centred in a fixed margin runs into the plot). The heights
+    subtitle (a title of several lines centred in a fixed margin runs into the plot). The place is
+    a fraction of the figure's height: call it again after changing the height. The heights
     are plotly's, measured in Chromium: a one-line title at 18 px fonts spans 28 px and sits 6 px
     above its anchor; with more lines it sits 23 px above and each line adds 32 px."""
     lines = (fig.layout.title.text or "").count("<br>") + 1
@@ -81,8 +82,10 @@ def wrap_title(title: str, width: int, font_size: int = 22) -> str:
     """``title`` with its first line broken (at spaces) to fit ``width`` pixels at plotly's title
     size; what follows a ``<br>`` is left as it is."""
     head, sep, rest = title.partition("<br>")
+    if "<" in head:  # markup (a <span>, a <sup>): its tags are not text to measure or break
+        return title
     per_line = max(20, int((width - 80) / (CHAR_WIDTH * font_size)))
-    return "<br>".join(textwrap.wrap(head, per_line) or [head]) + sep + rest
+    return "<br>".join(textwrap.wrap(head, per_line, break_long_words=False) or [head]) + sep + rest
 
 
 #: where a point's label may go, in the order tried: (plotly textposition, x side, y side); a side
@@ -104,29 +107,42 @@ CHAR_WIDTH, LINE_HEIGHT = 0.56, 1.3
 
 def place_labels(fig: go.Figure, font_size: float | None = None) -> go.Figure:
     """Give every labelled point of ``fig``'s labelled scatters a side of its marker where its label
-    overlaps no other label and no marker and stays inside the plot area; a label that fits
-    nowhere is left out of the drawing (its hover still names the point: the label moves to
-    ``hovertext``). Call after :func:`style` (the placement needs the figure's final size).
+    overlaps no other label and no marker and stays inside the plot area. A label that fits
+    nowhere is left out of the drawing: its hover still names the point (the labels move to
+    ``hovertext``), the names left out are logged as a warning and listed in
+    ``fig.layout.meta["hidden_labels"]`` (a static export has no hover: say so in its caption).
+    Call after :func:`style` (the placement needs the figure's final size).
 
-    Axis ranges are fixed to the data's (with a margin), so pixel positions are known before the
-    figure is drawn; log axes and subplots are left as they are."""
+    Axis ranges are fixed to the data's (with a margin; a reversed axis stays reversed), so pixel
+    positions are known before the figure is drawn. Figures it cannot place exactly are returned
+    as they are: subplots, log axes, and axes of categories or dates."""
     traces = [t for t in fig.data if t.type == "scatter" and t.mode and "text" in t.mode and t.text is not None]
     if not traces or any(t.xaxis not in (None, "x") or t.yaxis not in (None, "y") for t in fig.data):
         return fig
-    if fig.layout.xaxis.type == "log" or fig.layout.yaxis.type == "log":
+    axes = {"x": fig.layout.xaxis, "y": fig.layout.yaxis}
+    if any(a.type not in (None, "-", "linear") for a in axes.values()) or not all(
+        _numeric(getattr(t, k)) for t in fig.data for k in axes
+    ):
         return fig
-    xr = fig.layout.xaxis.range or _data_range(fig, "x")
-    yr = fig.layout.yaxis.range or _data_range(fig, "y")
-    fig.update_xaxes(range=list(xr))
-    fig.update_yaxes(range=list(yr))
+    span, flipped = {}, {}
+    for k, axis in axes.items():
+        lo, hi = sorted(axis.range) if axis.range else _data_range(fig, k)
+        flipped[k] = axis.autorange == "reversed" or (axis.range is not None and axis.range[0] > axis.range[1])
+        span[k] = (lo, hi)
+        axis.update(range=[hi, lo] if flipped[k] else [lo, hi], autorange=False)
     m = fig.layout.margin
     width, height = fig.layout.width or 700, fig.layout.height or 450
     left, top = m.l if m.l is not None else 80, m.t if m.t is not None else 100
     pw = width - left - (m.r if m.r is not None else 80)
     ph = height - top - (m.b if m.b is not None else 80)
 
+    def frac(v, k):  # 0 at the left (x) or top (y) edge of the plot area, 1 at the other
+        lo, hi = span[k]
+        f = (v - lo) / (hi - lo)
+        return 1 - f if flipped[k] != (k == "y") else f
+
     def px(x, y):
-        return left + (x - xr[0]) / (xr[1] - xr[0]) * pw, top + (yr[1] - y) / (yr[1] - yr[0]) * ph
+        return left + frac(x, "x") * pw, top + frac(y, "y") * ph
 
     markers = []
     for t in fig.data:
@@ -135,6 +151,7 @@ def place_labels(fig: go.Figure, font_size: float | None = None) -> go.Figure:
             markers += [(*px(x, y), r) for x, y in zip(t.x, t.y) if _finite(x, y)]
     taken = [(x - r, y - r, x + r, y + r) for x, y, r in markers]
     area = (left, top, left + pw, top + ph)
+    hidden = []
     for t in traces:
         size = font_size or (t.textfont.size if t.textfont and t.textfont.size else None) or fig.layout.font.size or 12
         r = (t.marker.size if isinstance(t.marker.size, (int, float)) else 6) / 2 if "markers" in t.mode else 0
@@ -153,14 +170,38 @@ def place_labels(fig: go.Figure, font_size: float | None = None) -> go.Figure:
                         pos = name
                         taken.append(box)
                         break
+                if pos is None:
+                    hidden.append(str(label))
             positions.append(pos or "top center")
             shown.append(label if pos else "")
         hover = t.hovertext if t.hovertext is not None else list(t.text)
         template = t.hovertemplate.replace("%{text}", "%{hovertext}") if t.hovertemplate else None
         t.update(text=shown, textposition=positions, hovertext=hover, hovertemplate=template)
-        if not t.hovertemplate:
-            t.update(hoverinfo="text+x+y" if "%" not in str(t.hoverinfo or "") else t.hoverinfo)
+    if hidden:
+        logging.getLogger("interp").warning(
+            "%d point label(s) left out of %r for want of room (in the hover only): %s",
+            len(hidden),
+            (fig.layout.title.text or "a figure").split("<br>")[0],
+            ", ".join(hidden),
+        )
+    fig.update_layout(meta={**(fig.layout.meta if isinstance(fig.layout.meta, dict) else {}), "hidden_labels": hidden})
     return fig
+
+
+def _numeric(values) -> bool:
+    """Whether ``values`` (a trace's x or y) are numbers (or missing): not categories or dates."""
+    if values is None:
+        return True
+    for v in values:
+        if v is None or isinstance(v, (bool, int, float)) or (hasattr(v, "dtype") and v.dtype.kind in "iuf"):
+            continue
+        try:
+            float(v)
+        except (TypeError, ValueError):
+            return False
+        if isinstance(v, str):
+            return False
+    return True
 
 
 def _finite(x, y) -> bool:
@@ -220,7 +261,7 @@ def add_caption(fig: go.Figure, text: str, below: int = 75, font_size: int = 12)
         align="left",
         font=dict(size=font_size),
     )
-    fig.update_layout(margin=dict(b=below + round(1.4 * font_size * lines) + 10))
+    fig.update_layout(margin=dict(b=max(fig.layout.margin.b or 0, below + round(1.4 * font_size * lines) + 10)))
     return fig
 
 

@@ -28,8 +28,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 _COLLECT = """
 <script>
 const divs = [...document.querySelectorAll('div.fig')];
-Promise.all(divs.map((d, i) => Plotly.newPlot(d, FIGS[i].data, FIGS[i].layout, {staticPlot: true})))
-  .then(() => {
+Promise.allSettled(divs.map((d, i) => Plotly.newPlot(d, FIGS[i].data, FIGS[i].layout, {staticPlot: true})))
+  .then(results => {
+    const failed = results.map((r, i) => r.status === 'rejected' ? `figure ${i}: ${r.reason}` : null).filter(x => x);
+    if (failed.length) { document.getElementById('boxes').textContent = 'ERROR ' + failed.join('; '); return; }
     const out = divs.map(d => {
       const f = d.getBoundingClientRect();
       const texts = [...d.querySelectorAll('svg text')].filter(t => {
@@ -97,16 +99,28 @@ def text_boxes(figures: list[go.Figure]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "figures.html"
         path.write_text(page)
-        proc = subprocess.run(
-            [*headless(Path(tmp) / "profile"), "--virtual-time-budget=30000", "--dump-dom", path.as_uri()],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        try:
+            proc = subprocess.run(
+                [*headless(Path(tmp) / "profile"), "--virtual-time-budget=30000", "--dump-dom", path.as_uri()],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"Chromium did not render {len(figures)} figures within 300 s") from None
     m = re.search(r"<pre id=\"boxes\">(.*?)</pre>", proc.stdout, re.S)
     if not m or not m.group(1) or m.group(1).startswith("ERROR"):
         raise RuntimeError(f"the figures did not render: {(m.group(1) if m else proc.stderr[-2000:])!r}")
     return json.loads(html.unescape(m.group(1)))
+
+
+def fonts() -> str:
+    """What fontconfig gives for Arial, the figures' font (a failure message says it: the text
+    boxes are measured with it; Liberation Sans has Arial's metrics, DejaVu Sans is wider)."""
+    try:
+        return subprocess.run(["fc-match", "Arial"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no fc-match)"
 
 
 def layout_problems(boxes: dict, tolerance: float = 1.0) -> list[str]:

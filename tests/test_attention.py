@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from tiny_models import build
@@ -55,6 +56,14 @@ def test_layers_heads_and_clear_errors():
         attention_figure(att, prompt="another prompt")
     with pytest.raises(AttentionError, match="layer 0 is not in the attention table"):
         attention_figure(att, layer=0)
+    # the same text twice is two prompts; heads in any order; every layer from one pass
+    twice = attention_patterns(model, [PROMPTS[1], PROMPTS[1]], heads=[3, 1])
+    assert set(twice.prompt_index) == {0, 1} and set(twice["head"]) == {1, 3}
+    a, b = (twice[twice.prompt_index == i].drop(columns="prompt_index").reset_index(drop=True) for i in (0, 1))
+    pd.testing.assert_frame_equal(a, b)
+    assert len(attention_figure(twice, prompt=1, layer=1).data) == 2
+    with pytest.raises(AttentionError, match="interventions"):
+        attention_patterns(model.intervened("blocks.0.hook_resid_post", lambda x: x), PROMPTS)
 
 
 def test_figure_and_circuitsvis_view(monkeypatch):

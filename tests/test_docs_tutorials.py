@@ -30,6 +30,7 @@ def test_each_tutorial_has_a_current_executed_copy(path):
     code = [c for c in executed.cells if c.cell_type == "code"]
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, [f"{e.ename}: {e.evalue}" for e in errors]
-    assert code[-1].outputs, "the last cell has no output: was the copy executed?"
+    counts = [c.get("execution_count") for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"not executed top to bottom in one kernel: {counts}"
     plotly = [o for c in code for o in c.outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     assert all("image/png" in o.data for o in plotly), "a plotly figure without a PNG: the site would show nothing"

@@ -1,10 +1,11 @@
 """Every figure the project exports renders clean in a real browser: no two text elements overlap,
 and no text is clipped by the figure's edge (headless Chromium, see ``figure_layout.py``).
 
-The figures are drawn from realistic tables: the saved results under ``docs/data`` (the 47-relation
-MiniLM study, the model comparison, the erasure experiments), tables of the analyzers' own output on
-the shipped model, and synthetic tables of real shapes (GPT-2 small's 12 x 12 heads, long relation
-names) where an analyzer would take minutes; the study's own figures come from a finished study.
+The figures are drawn from realistic tables: the saved results under ``docs/data`` (the
+17-relation MiniLM study, the 24-relation world studies, the model comparison, the erasure
+experiments), tables of the analyzers' own output on the shipped model, and synthetic tables of
+real shapes (GPT-2 small's 12 x 12 heads, long relation names) where an analyzer would take
+minutes; the study's own figures come from a finished study.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from figure_layout import CHROMIUM, layout_problems, text_boxes
+from figure_layout import CHROMIUM, _overlap, fonts, layout_problems, text_boxes
 
 from interp.plots import SIZES
 
@@ -200,7 +201,7 @@ def _check(figs: dict) -> None:
     found = {name: layout_problems(b) for name, b in zip(figs, boxes)}
     assert all(b["texts"] for b in boxes), [n for n, b in zip(figs, boxes) if not b["texts"]]
     bad = {name: p for name, p in found.items() if p}
-    assert not bad, json.dumps(bad, indent=1)
+    assert not bad, f"Arial is {fonts()}: " + json.dumps(bad, indent=1)
 
 
 def test_the_checker_finds_overlap_and_clipping():
@@ -233,3 +234,23 @@ def test_the_study_report_figures_render_clean(finished_study):
 
     out, _ = finished_study
     _check(build_all(out))
+
+
+def test_the_overlap_of_rotated_boxes():
+    """Two tick labels turned by -60 degrees, side by side: their axis-aligned boxes overlap, they
+    do not; shifted onto each other, they do."""
+    import math
+
+    def label(x0, length=60.0, height=12.0, angle=-60.0):
+        a = math.radians(angle)
+        c, s = math.cos(a), math.sin(a)
+        return [
+            (x0 + u * c - v * s, 100 + u * s + v * c) for u, v in ((0, 0), (length, 0), (length, height), (0, height))
+        ]
+
+    near = [label(0), label(16)]
+    xs = [[p[0] for p in q] for q in near]
+    assert min(max(xs[0]), max(xs[1])) - max(min(xs[0]), min(xs[1])) > 10  # the axis-aligned boxes overlap
+    assert _overlap(*near) <= 0  # the labels do not
+    assert _overlap(label(0), label(5)) > 1
+    assert _overlap([(0, 0), (10, 0), (10, 10), (0, 10)], [(20, 0), (30, 0), (30, 10), (20, 10)]) < 0

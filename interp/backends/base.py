@@ -225,9 +225,10 @@ class Backend(ABC):
 
     @torch.no_grad()
     def attention_pattern(
-        self, input_ids: Tensor, attention_mask: Tensor | None, layer: int
-    ) -> Float[Tensor, "batch head query key"]:
-        """Attention probabilities at ``layer`` from the model's own (eager) attention."""
+        self, input_ids: Tensor, attention_mask: Tensor | None, layer: int | list[int]
+    ) -> Float[Tensor, "batch head query key"] | Float[Tensor, "layer batch head query key"]:
+        """Attention probabilities at ``layer`` from the model's own (eager) attention; for a list
+        of layers, all of them from one forward pass, stacked on a new first axis."""
         hf = self._require_hf("attention_pattern")
         before = getattr(hf.config, "_attn_implementation", None)
         if before != "eager":
@@ -237,7 +238,7 @@ class Backend(ABC):
         finally:
             if before not in (None, "eager"):
                 hf.set_attn_implementation(before)
-        return out.attentions[layer]
+        return torch.stack([out.attentions[x] for x in layer]) if isinstance(layer, list) else out.attentions[layer]
 
 
 def norm_function(module: torch.nn.Module) -> Callable[[Tensor], Tensor]:

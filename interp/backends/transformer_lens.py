@@ -181,13 +181,14 @@ class TransformerLensBackend(Backend):
         return norm_function(self.bridge.blocks[layer].ln2)
 
     @torch.no_grad()
-    def attention_pattern(self, input_ids, attention_mask, layer: int):
-        """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities."""
-        name = site_name("attn.hook_pattern", layer)
+    def attention_pattern(self, input_ids, attention_mask, layer: int | list[int]):
+        """The bridge reimplements attention; its ``hook_pattern`` holds the probabilities (a list
+        of layers: all from one forward pass, stacked on a new first axis)."""
+        names = [site_name("attn.hook_pattern", x) for x in (layer if isinstance(layer, list) else [layer])]
         _, cache = self.bridge.run_with_cache(
-            input_ids, attention_mask=attention_mask, names_filter=lambda n: n == name
+            input_ids, attention_mask=attention_mask, names_filter=lambda n: n in names
         )
-        return cache[name]
+        return torch.stack([cache[n] for n in names]) if isinstance(layer, list) else cache[names[0]]
 
     def hook_name(self, site: str) -> str:
         """The bridge hook point that computes ``site`` (the same name but for a few aliases)."""

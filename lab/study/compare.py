@@ -36,7 +36,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy import stats as sps
 
-from interp.plots import PALETTE, export, style
+from interp.plots import PALETTE, export, fit_title, style
 from interp.resampling import monte_carlo_p
 from interp.results import write_json, write_table
 
@@ -256,6 +256,7 @@ def compare_figures(table: pd.DataFrame, long: pd.DataFrame) -> dict[str, go.Fig
         font=dict(size=14),
         margin=dict(t=130),
     )
+    fit_title(grid)  # after the height is final: the title's place is a fraction of it
     grid.update_annotations(font_size=14)
 
     forest = go.Figure()
@@ -294,4 +295,5 @@ def compare_figures(table: pd.DataFrame, long: pd.DataFrame) -> dict[str, go.Fig
         yaxis=dict(autorange="reversed"),
         height=max(280, 140 + 60 * len(table)),
     )
+    fit_title(forest)
     return {"compare_scatter": grid, "compare_forest": forest}

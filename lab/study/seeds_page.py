@@ -65,10 +65,16 @@ def _row(stats: pd.DataFrame, method: str, predictor: str, analysis: str) -> pd.
 
 
 def _cell(row: pd.Series | None) -> str:
+    """``r (p ...)`` with the Monte-Carlo p; where the study's null does not calibrate the
+    statistic, the parametric p, marked ``p_param``; a Williams row adds its paired bootstrap
+    interval over relations."""
     if row is None:
         return "n/a"
     p = row.get("p_monte_carlo", np.nan)
-    return f"{num(row.r)} (p {pval(p if pd.notna(p) else row.p_value)})"
+    text = f"{num(row.r)} (p {pval(p)})" if pd.notna(p) else f"{num(row.r)} (p_param {pval(row.p_value)})"
+    if str(row.analysis).startswith("williams:") and pd.notna(row.get("ci_low", np.nan)):
+        text += f", CI {num(row.ci_low)} to {num(row.ci_high)}"
+    return text
 
 
 def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None, title: str = "") -> str:
@@ -102,6 +108,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
                 "relations": s.get("n_relations", len(_rel)),
                 "r": p.get("r", np.nan),
                 "95% CI": f"{num(ci[0])} to {num(ci[1])}",
+                "r, pooled relations": float(per_seed.loc[per_seed.study == str(folder), "r"].iloc[0]),
                 "p_monte_carlo": p.get("p_monte_carlo", np.nan),
                 "Spearman": sp.get("r", np.nan),
                 "p_spearman": sp.get("p_monte_carlo", np.nan),
@@ -121,8 +128,9 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         "## Controls: partial r of readability, and linear against nonlinear",
         "",
         "Readability's partial correlation with generalization, each covariate held fixed (and all of them), "
-        "per seed, with its Monte-Carlo p. `williams:` rows compare readability's r with the nonlinear probe's "
-        "(the value is the difference of the two r; Williams' p, not calibrated by the null).",
+        "per seed, with its Monte-Carlo p. `williams:` rows compare readability's r with the nonlinear probe's: "
+        "the value is r(linear readability) minus r(the nonlinear probe), with Williams' parametric p and the "
+        "paired bootstrap interval over relations (the study's null cannot calibrate it); trust the interval.",
         "",
     ]
     analyses = []
@@ -194,14 +202,51 @@ def _by_knob(loaded, knobs: pd.DataFrame, outcome: str) -> list[str]:
                     "95% CI": f"{num(p['ci_low'])} to {num(p['ci_high'])}",
                 }
             )
-    lines += [md_table(pd.DataFrame(rows)), ""]
     cols = list(knobs.columns)
+    # inside every cell of all the knobs at once: x and y centred within each cell, per seed
+    tables = [
+        rel.set_index("relation").drop(columns=cols, errors="ignore").join(knobs, how="inner") for _, rel in loaded
+    ]
+    shared = sorted(set.intersection(*(set(t.dropna(subset=[HEADLINE[0], outcome]).index) for t in tables)))
+    if len(shared) >= 4 and len(cols) >= 1:
+        centred = [
+            t.loc[shared, [HEADLINE[0], outcome]]
+            - t.loc[shared].groupby(cols)[[HEADLINE[0], outcome]].transform("mean")
+            for t in tables
+        ]
+        x = np.stack([c[HEADLINE[0]].to_numpy(float) for c in centred])
+        y = np.stack([c[outcome].to_numpy(float) for c in centred])
+        p = pooled_correlation(x, y)
+        cells = tables[0].loc[shared].groupby(cols).ngroups
+        rows.append(
+            {
+                "knob": " x ".join(cols),
+                "level": f"within each of the {cells} cells",
+                "relations": len(shared),
+                "r per seed": ", ".join(num(v) for v in p["r_seeds"]),
+                "pooled r": p["r_pooled"],
+                "95% CI": f"{num(p['ci_low'])} to {num(p['ci_high'])}",
+            }
+        )
+    lines += [
+        md_table(pd.DataFrame(rows)),
+        "",
+        "The last row centres readability and generalization within each cell of the knobs together "
+        "(its interval does not remove the degrees of freedom the cell means use, so it is a little narrow).",
+        "",
+    ]
     means = []
     for _s, rel in loaded:
-        d = rel.set_index("relation").join(knobs, how="inner").reindex(columns=[*cols, HEADLINE[0], RECALL, outcome])
+        d = (
+            rel.set_index("relation")
+            .drop(columns=cols, errors="ignore")
+            .join(knobs, how="inner")
+            .reindex(columns=[*cols, HEADLINE[0], RECALL, outcome])
+        )
         means.append(d.groupby(cols)[[HEADLINE[0], RECALL, outcome]].mean().reset_index())
     m = pd.concat(means).groupby(cols)[[HEADLINE[0], RECALL, outcome]].mean().reset_index()
     m.columns = [*cols, "readability", "recall", "generalization"]
+    m.insert(len(cols), "relations", knobs.groupby(cols).size().reindex(pd.MultiIndex.from_frame(m[cols])).to_numpy())
     lines += ["Cell means, averaged over seeds:", "", md_table(m), ""]
     return lines
 
