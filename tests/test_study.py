@@ -523,7 +523,7 @@ def test_pooling_over_seeds_carries_the_seed_to_seed_noise(tmp_path):
     )
     assert json.loads((tmp_path / "p" / "pooled.json").read_text())["n_seeds"] == 3
     page = (tmp_path / "p.md").read_text()
-    assert f"r = {pooled['r_pooled']:.3f}" in page and "world-seed2" in page
+    assert f"r = {pooled['r_pooled']:.3f}" in page and "| seed2 |" in page
     # the page's correlations inside each level of a design knob
     from lab.study.seeds_page import seeds_page
 

@@ -85,7 +85,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
     loaded = [load_study(f) for f in folders]
     method = pooled["method"]
     outcome = f"{HEADLINE[1]}_{method}"
-    names = [s["model"] for s, _ in loaded]
+    names = [f.name for f in folders]  # a study's folder names it (its model may be a local path)
     lines = [
         f"# {title or 'One recipe over pretraining seeds'} (generated)",
         "",
@@ -104,7 +104,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         fixed = _row(st, method, "readability_fixed_kappa", "pearson")
         rows.append(
             {
-                "model": s["model"],
+                "study": folder.name,
                 "relations": s.get("n_relations", len(_rel)),
                 "r": p.get("r", np.nan),
                 "95% CI": f"{num(ci[0])} to {num(ci[1])}",
@@ -158,7 +158,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         r_recall = _row(st, method, RECALL, "pearson")
         contrast.append(
             {
-                "model": n,
+                "study": n,
                 "r(recall, generalization)": _cell(r_recall),
                 "recall, readability fixed": _cell(_row(st, method, RECALL, f"partial:{HEADLINE[0]}")),
                 "readability, recall fixed": _cell(_row(st, method, HEADLINE[0], f"partial:{RECALL}")),
