@@ -139,10 +139,14 @@ def _select(att: pd.DataFrame, prompt: str | int | None, layer: int | None) -> t
     return t[t.layer == layer], prompt, layer
 
 
+def _prompt_tokens(t: pd.DataFrame) -> list[str]:
+    """One prompt's tokens, in order (from its key positions, 0 to n - 1)."""
+    return t.drop_duplicates("key_position").sort_values("key_position").key_token.tolist()
+
+
 def _labels(t: pd.DataFrame) -> list[str]:
     """Axis labels ``"3 John"``: position and token, so that repeated tokens stay distinct."""
-    tokens = t.drop_duplicates("key_position").sort_values("key_position")
-    return [f"{p} {s.strip() or repr(s)}" for p, s in zip(tokens.key_position, tokens.key_token)]
+    return [f"{p} {s.strip() or repr(s)}" for p, s in enumerate(_prompt_tokens(t))]
 
 
 def _pattern(t: pd.DataFrame, head: int) -> np.ndarray:
@@ -221,7 +225,7 @@ def attention_view(att: pd.DataFrame, prompt: str | int | None = None, layer: in
         ) from None
     t, _, _ = _select(att, prompt, None if layer is None else layer)
     heads = sorted(set(t["head"]))
-    tokens = t.drop_duplicates("key_position").sort_values("key_position").key_token.tolist()
+    tokens = _prompt_tokens(t)
     pattern = np.stack([_pattern(t, h) for h in heads])  # [head, q, k]
     return cv.attention.attention_patterns(tokens=tokens, attention=pattern)
 

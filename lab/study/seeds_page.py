@@ -86,6 +86,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
     method = pooled["method"]
     outcome = f"{HEADLINE[1]}_{method}"
     names = [f.name for f in folders]  # a study's folder names it (its model may be a local path)
+    stats = [_stats(f) for f in folders]
     lines = [
         f"# {title or 'One recipe over pretraining seeds'} (generated)",
         "",
@@ -96,8 +97,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         "",
     ]
     rows = []
-    for folder, (s, _rel) in zip(folders, loaded):
-        st = _stats(folder)
+    for folder, st, (s, _rel) in zip(folders, stats, loaded):
         h = s["headline"]
         p, sp = h.get("pearson", {}), h.get("spearman", {})
         ci = p.get("ci", [np.nan, np.nan])
@@ -134,14 +134,13 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         "",
     ]
     analyses = []
-    for folder in folders:
-        st = _stats(folder)
+    for st in stats:
         sub = st[(st.method == method) & (st.predictor == HEADLINE[0]) & (st.outcome == HEADLINE[1])]
         analyses += [a for a in sub.analysis if a.startswith(("partial:", "williams:")) and a not in analyses]
     table = pd.DataFrame(
         {
             "analysis": analyses,
-            **{n: [_cell(_row(_stats(f), method, HEADLINE[0], a)) for a in analyses] for n, f in zip(names, folders)},
+            **{n: [_cell(_row(st, method, HEADLINE[0], a)) for a in analyses] for n, st in zip(names, stats)},
         }
     )
     lines += [md_table(table), ""]
@@ -153,8 +152,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         "",
     ]
     contrast = []
-    for n, f, (_s, rel) in zip(names, folders, loaded):
-        st = _stats(f)
+    for n, st, (_s, rel) in zip(names, stats, loaded):
         r_recall = _row(st, method, RECALL, "pearson")
         contrast.append(
             {
@@ -171,8 +169,33 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _pooled_row(tables: list[pd.DataFrame], outcome: str, knob: str, level: str) -> dict | None:
+    """One row of the design table: r(readability, ``outcome``) pooled over the seeds' ``tables``
+    (indexed by relation) on the relations every seed has; None with fewer than 4."""
+    both = [HEADLINE[0], outcome]
+    shared = sorted(set.intersection(*(set(t.dropna(subset=both).index) for t in tables)))
+    if len(shared) < 4:
+        return None
+    x, y = (np.stack([t.loc[shared, c].to_numpy(float) for t in tables]) for c in both)
+    p = pooled_correlation(x, y)
+    return {
+        "knob": knob,
+        "level": level,
+        "relations": len(shared),
+        "r per seed": ", ".join(num(v) for v in p["r_seeds"]),
+        "pooled r": p["r_pooled"],
+        "95% CI": f"{num(p['ci_low'])} to {num(p['ci_high'])}",
+    }
+
+
 def _by_knob(loaded, knobs: pd.DataFrame, outcome: str) -> list[str]:
     knobs = knobs.set_index("relation")
+    cols = list(knobs.columns)
+    both = [HEADLINE[0], outcome]
+    # each seed's relations with the knobs (the study's own knob columns replaced by these)
+    tables = [
+        rel.set_index("relation").drop(columns=cols, errors="ignore").join(knobs, how="inner") for _, rel in loaded
+    ]
     lines = [
         "## Inside each level of the design",
         "",
@@ -181,70 +204,27 @@ def _by_knob(loaded, knobs: pd.DataFrame, outcome: str) -> list[str]:
         "over seeds as the headline is (Fisher z mean; interval with relations and seeds), then the cell means.",
         "",
     ]
-    rows = []
-    for knob in knobs.columns:
-        for level in sorted(knobs[knob].unique()):
-            keep = knobs.index[knobs[knob] == level]
-            tables = [rel.set_index("relation").loc[lambda d, k=keep: d.index.isin(k)] for _, rel in loaded]
-            shared = sorted(set.intersection(*(set(t.dropna(subset=[HEADLINE[0], outcome]).index) for t in tables)))
-            if len(shared) < 4:
-                continue
-            x = np.stack([t.loc[shared, HEADLINE[0]].to_numpy(float) for t in tables])
-            y = np.stack([t.loc[shared, outcome].to_numpy(float) for t in tables])
-            p = pooled_correlation(x, y)
-            rows.append(
-                {
-                    "knob": knob,
-                    "level": str(level),
-                    "relations": len(shared),
-                    "r per seed": ", ".join(num(v) for v in p["r_seeds"]),
-                    "pooled r": p["r_pooled"],
-                    "95% CI": f"{num(p['ci_low'])} to {num(p['ci_high'])}",
-                }
-            )
-    cols = list(knobs.columns)
-    # inside every cell of all the knobs at once: x and y centred within each cell, per seed
-    tables = [
-        rel.set_index("relation").drop(columns=cols, errors="ignore").join(knobs, how="inner") for _, rel in loaded
+    rows = [
+        _pooled_row([t[t[knob] == level] for t in tables], outcome, knob, str(level))
+        for knob in cols
+        for level in sorted(knobs[knob].unique())
     ]
-    shared = sorted(set.intersection(*(set(t.dropna(subset=[HEADLINE[0], outcome]).index) for t in tables)))
-    if len(shared) >= 4 and len(cols) >= 1:
-        centred = [
-            t.loc[shared, [HEADLINE[0], outcome]]
-            - t.loc[shared].groupby(cols)[[HEADLINE[0], outcome]].transform("mean")
-            for t in tables
-        ]
-        x = np.stack([c[HEADLINE[0]].to_numpy(float) for c in centred])
-        y = np.stack([c[outcome].to_numpy(float) for c in centred])
-        p = pooled_correlation(x, y)
-        cells = tables[0].loc[shared].groupby(cols).ngroups
-        rows.append(
-            {
-                "knob": " x ".join(cols),
-                "level": f"within each of the {cells} cells",
-                "relations": len(shared),
-                "r per seed": ", ".join(num(v) for v in p["r_seeds"]),
-                "pooled r": p["r_pooled"],
-                "95% CI": f"{num(p['ci_low'])} to {num(p['ci_high'])}",
-            }
-        )
+    # inside every cell of all the knobs at once: x and y centred within each cell (over the
+    # relations every seed has), per seed
+    shared = sorted(set.intersection(*(set(t.dropna(subset=both).index) for t in tables)))
+    centred = [t.loc[shared, both] - t.loc[shared].groupby(cols)[both].transform("mean") for t in tables]
+    cells = knobs.groupby(cols).ngroups
+    rows.append(_pooled_row(centred, outcome, " x ".join(cols), f"within each of the {cells} cells"))
     lines += [
-        md_table(pd.DataFrame(rows)),
+        md_table(pd.DataFrame([r for r in rows if r is not None])),
         "",
         "The last row centres readability and generalization within each cell of the knobs together "
         "(its interval does not remove the degrees of freedom the cell means use, so it is a little narrow).",
         "",
     ]
-    means = []
-    for _s, rel in loaded:
-        d = (
-            rel.set_index("relation")
-            .drop(columns=cols, errors="ignore")
-            .join(knobs, how="inner")
-            .reindex(columns=[*cols, HEADLINE[0], RECALL, outcome])
-        )
-        means.append(d.groupby(cols)[[HEADLINE[0], RECALL, outcome]].mean().reset_index())
-    m = pd.concat(means).groupby(cols)[[HEADLINE[0], RECALL, outcome]].mean().reset_index()
+    measures = [HEADLINE[0], RECALL, outcome]
+    per_seed = [t.reindex(columns=[*cols, *measures]).groupby(cols)[measures].mean().reset_index() for t in tables]
+    m = pd.concat(per_seed).groupby(cols)[measures].mean().reset_index()
     m.columns = [*cols, "readability", "recall", "generalization"]
     m.insert(len(cols), "relations", knobs.groupby(cols).size().reindex(pd.MultiIndex.from_frame(m[cols])).to_numpy())
     lines += ["Cell means, averaged over seeds:", "", md_table(m), ""]
