@@ -190,7 +190,17 @@ def target_rank_figure(lens: pd.DataFrame, prompt: str | None = None, size: str 
                 line={"color": PALETTE[i % len(PALETTE)]},
             )
         )
-    fig.update_yaxes(type="log", autorange="reversed", title="rank of the target (1 = top)")
+    # ticks at 1, 2, 5, 10, 20, 50, ...: plotly labels every integer on a log axis spanning about a
+    # decade, and at a figure's height those labels overlap
+    top = max(int(t["rank"].max()), 1)
+    ticks = [m * 10**e for e in range(len(str(top)) + 1) for m in (1, 2, 5) if m * 10**e <= 2 * top]
+    fig.update_yaxes(
+        type="log",
+        autorange="reversed",
+        title="rank of the target (1 = top)",
+        tickvals=ticks,
+        ticktext=[str(v) for v in ticks],
+    )
     fig.update_xaxes(title="layer", dtick=1)
     fig.update_layout(title="Target token's rank by layer")
     return style(fig, size)

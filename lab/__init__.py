@@ -7,8 +7,8 @@ relation circuits, grokking, in-context learning), executors for distributed run
 (:mod:`lab.cli`). It may import everything below it (``interp``, ``probes``, ``circuits``,
 ``jacobians``); nothing below imports it. Its built-in models reach
 :func:`interp.load_model` through the ``interp.models`` entry points (``"world"``, the zoo's
-``"world-llama"``, ``"world-neox"`` and ``"world-deep"``, ``"induction"``), registered again here for a checkout
-used without installing.
+``"world-llama"``, the v3 zoo's ``"world-v3"`` and its families, ``"induction"``), registered again
+here for a checkout used without installing.
 """
 
 from interp.models import register_model

@@ -7,7 +7,7 @@ import torch
 
 from lab.study import FinetuneConfig, StudyConfig, finetune
 from lab.study.ablation import Variant, ablate, default_variants, variant_train, variant_world
-from lab.world import RelationSpec, TrainConfig, WorldSpec, default_spec
+from lab.world import RelationSpec, TrainConfig, WorldSpec, v3_spec
 
 TINY = WorldSpec(
     seed=5,
@@ -37,7 +37,7 @@ TRAIN = TrainConfig(steps=10, n_layers=1, d_model=32, batch_size=8)
 
 
 def test_every_default_variant_changes_one_thing():
-    spec = default_spec()
+    spec = v3_spec()
     variants = default_variants(spec)
     assert variants[0] == Variant("baseline", "the shipped recipe")
     assert len({v.name for v in variants}) == len(variants)

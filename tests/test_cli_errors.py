@@ -24,6 +24,7 @@ from lab.cli import main
         (["circuits", "relation", "nosuch"], "the world has no relation 'nosuch'"),
         (["circuits", "induction", "--out", "{file}"], "is a file"),
         (["circuits", "relation", "continent", "--method", "full,lora"], "is not one of full, lora"),
+        (["circuits", "relation", "continent", "--model", "minilm"], "is not a world model"),
     ],
 )
 def test_an_ordinary_mistake_is_one_paragraph_before_any_work(args, says, tmp_path, capsys):

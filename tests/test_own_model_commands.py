@@ -8,13 +8,14 @@ import pytest
 
 from interp.relations import Relation
 from lab.cli import main
-from lab.world import from_world, load_world
+from lab.world import ZOO, from_world, load_world
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("own")
-    r = from_world(load_world(), ["continent"])[0]
+    # world v3 (whose names are words of its vocabulary, and which knows its continents at the name)
+    r = from_world(load_world(ZOO["world-v3"].path), ["continent"])[0]
     Relation("continent", r.subjects[:120], r.answers[:120], "{} continent :").save(root / "continent.json")
     (root / "pairs.csv").write_text(
         "clean,corrupted,answer,wrong\n"
@@ -26,7 +27,7 @@ def files(tmp_path_factory):
 
 def test_interp_probe_writes_tables_and_a_figure(files, tmp_path, capsys):
     out = tmp_path / "probe"
-    assert main(["probe", "--model", "world", "--relations", str(files / "continent.json"), "--out", str(out)]) == 0
+    assert main(["probe", "--model", "world-v3", "--relations", str(files / "continent.json"), "--out", str(out)]) == 0
     table = pd.read_csv(out / "probes.csv")
     assert set(table.relation) == {"continent"} and table.layer.nunique() == 4 and table.fold.nunique() == 5
     best = pd.read_csv(out / "best_layers.csv")
@@ -37,7 +38,7 @@ def test_interp_probe_writes_tables_and_a_figure(files, tmp_path, capsys):
 
 def test_interp_patch_on_a_pairs_file_and_on_a_relation(files, tmp_path, capsys):
     out = tmp_path / "patch"
-    assert main(["patch", "--model", "world", "--pairs", str(files / "pairs.csv"), "--out", str(out)]) == 0
+    assert main(["patch", "--model", "world-v3", "--pairs", str(files / "pairs.csv"), "--out", str(out)]) == 0
     table = pd.read_csv(out / "patching.csv")
     assert set(table.site) == {"resid_pre", "z"} and table.effect.notna().all()
     # at the first residual stream, the positions where both prompts have the same tokens change
@@ -47,7 +48,7 @@ def test_interp_patch_on_a_pairs_file_and_on_a_relation(files, tmp_path, capsys)
     assert (out / "figures" / "heads.html").exists() and (out / "figures" / "positions.html").exists()
     assert "largest effects" in capsys.readouterr().out
     out2 = tmp_path / "patch2"
-    assert main(["patch", "--model", "world", "--relation", str(files / "continent.json"), "--n", "8",
+    assert main(["patch", "--model", "world-v3", "--relation", str(files / "continent.json"), "--n", "8",
                  "--out", str(out2)]) == 0  # fmt: skip
     assert len(pd.read_csv(out2 / "pairs.csv")) == 8
 

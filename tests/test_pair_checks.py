@@ -19,17 +19,18 @@ from circuits import (
     pairs_from_template,
 )
 from circuits.metrics import AnswerLogprob
-from lab.world import from_world, load_world
+from lab.world import ZOO, from_world, load_world
 
 
+# world v3's names and answers ("Rex Dulel") are words of its own vocabulary
 @pytest.fixture(scope="module")
 def world():
-    return interp.load_model("world")
+    return interp.load_model("world-v3")
 
 
 @pytest.fixture(scope="module")
 def city():
-    return from_world(load_world(), ["city"])[0]
+    return from_world(load_world(ZOO["world-v3"].path), ["city"])[0]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.world import RelationSpec, World, WorldSpec, build_tokenizer, default_spec
+from lab.world import RelationSpec, World, WorldSpec, build_tokenizer, v3_spec
 from lab.world.arms import stratified_halves
 from lab.world.spec import WorldSpecError, randomized_spec
 
@@ -48,7 +48,7 @@ def test_randomized_world_gives_both_arms_the_same_exposure():
         a, p = count["augmented"], count["plain"]
         assert abs(a - p) / max(a, p) < 0.01, count
     # every subject's facts are mentioned as often as in the default world, in both arms
-    default = World.generate(default_spec())
+    default = World.generate(v3_spec())
     for s in world.subjects[:200]:
         for r in world.spec.randomized:
             assert world.mentions(s, r) == default.mentions(s, r)
@@ -59,7 +59,7 @@ def test_arms_are_balanced_within_strata_and_other_relations_untouched():
     by = Counter((world.stratum(s), world.arm[s]) for s in world.subjects)
     for stratum in {world.stratum(s) for s in world.subjects}:
         assert abs(by[(stratum, "augmented")] - by[(stratum, "plain")]) <= 1
-    mine, default = world.relation_digests(), World.generate(default_spec()).relation_digests()
+    mine, default = world.relation_digests(), World.generate(v3_spec()).relation_digests()
     for r in world.relation:
         assert (mine[r] == default[r]) == (r not in world.spec.randomized), r
     # augmented arm: a subject's randomized facts together, in varied templates; plain: one each, canonical
@@ -76,9 +76,9 @@ def test_randomized_spec_checks_and_round_trips():
     spec = randomized_spec()
     assert WorldSpec.from_json(spec.to_json()) == spec
     with pytest.raises(WorldSpecError, match="not written in augmented biographies"):
-        replace(default_spec(), randomized=("month",)).validate()
+        replace(v3_spec(), randomized=("month",)).validate()
     with pytest.raises(WorldSpecError, match="not relations of the world"):
-        replace(default_spec(), randomized=("nope",)).validate()
+        replace(v3_spec(), randomized=("nope",)).validate()
 
 
 def test_stratified_halves_splits_every_stratum_and_is_uniform():

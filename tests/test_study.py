@@ -269,6 +269,13 @@ def test_the_study_reports_its_covariates_rivals_and_the_recall_contrast(finishe
     rec = stats[(stats.method == "full") & (stats.predictor == "pretrained_accuracy")].set_index("analysis")
     assert "partial:readability_best_kappa" in rec.index and "partial:pretrained_accuracy" not in rec.index
     assert len(null[(null.predictor == "pretrained_accuracy") & (null.analysis == "partial:readability_best_kappa")])
+    # and against its fitted-outcome null (readability measured with error), per reliability
+    from lab.study.null import RELIABILITIES
+
+    fitted = pd.read_csv(out / "recall_null.csv")
+    assert rel.pretrained_accuracy.nunique() > 1 and set(fitted.reliability) == set(RELIABILITIES)
+    observed = fitted[fitted.method == "full"].observed_r.iloc[0]
+    assert observed == pytest.approx(rec.loc["partial:readability_best_kappa", "r"])
 
 
 def test_the_study_reports_readability_above_its_baselines(finished):
@@ -400,9 +407,9 @@ def test_the_plain_world_rewrites_only_the_manipulated_relations():
     """Every relation not manipulated is written identically in the two worlds, document for
     document, and asked with the same queries (the causal test's untouched relations)."""
     from lab.study.causal import without_augmentation
-    from lab.world import World, default_spec
+    from lab.world import World, v3_spec
 
-    spec = default_spec(n_subjects=150)
+    spec = v3_spec(n_subjects=150)
     manipulated = [r.name for r in spec.relations if r.augment]
     a = World.generate(spec).relation_digests()
     b = World.generate(without_augmentation(spec, manipulated)).relation_digests()
@@ -425,11 +432,11 @@ def test_the_worlds_of_both_causal_designs_are_shipped():
     twin (two-world design) and the randomized world are shipped, each trained on exactly that
     world with exactly the default recipe."""
     from lab.study.causal import shipped_checkpoint, without_augmentation
-    from lab.world import TrainConfig, default_spec
+    from lab.world import TrainConfig, v3_spec
     from lab.world.checkpoint import shipped_world_checkpoints
     from lab.world.spec import randomized_spec
 
-    spec = default_spec()
+    spec = v3_spec()
     plain = without_augmentation(spec, [r.name for r in spec.relations if r.augment])
     world, twin = shipped_checkpoint(spec, TrainConfig()), shipped_checkpoint(plain, TrainConfig())
     randomized = shipped_checkpoint(randomized_spec(), TrainConfig())
@@ -532,3 +539,11 @@ def test_pooling_over_seeds_carries_the_seed_to_seed_noise(tmp_path):
     even = [i for i in range(0, R, 2)]  # relation 3, missing in one seed, is odd
     inside = pooled_correlation(x[:, even], y[:, even])
     assert f"| lead | True | {len(even)} |" in page and f"{inside['r_pooled']:.3f}" in page
+    # the recall contrast's fitted-outcome null, where a study saved it
+    assert "fitted-outcome null" not in page
+    pd.DataFrame(
+        {"method": "full", "reliability": [1.0, 0.8], "observed_r": 0.41, "mean_r": [-0.01, -0.2],
+         "sd_r": 0.2, "p_monte_carlo": [0.04, 0.003], "false_positive_rate": [0.05, 0.19]}
+    ).to_csv(folders[0] / "recall_null.csv", index=False)  # fmt: skip
+    page = seeds_page(folders, knobs)
+    assert "fitted-outcome null" in page and "null mean -0.200, p 0.003, t-test FPR 0.190" in page

@@ -9,7 +9,7 @@ from sklearn.metrics import cohen_kappa_score
 
 from lab.study.backmap import backmap_summary, backmap_table
 from lab.study.design import finetune_budget, per_answer
-from lab.study.null import NullDesign, calibration_table, simulate_outcomes
+from lab.study.null import NullDesign, _label_kappa, calibration_table, recall_null_table, simulate_outcomes
 from lab.study.stats import pearson, permutation_p
 from probes.chance import chance_levels, kappa
 
@@ -123,6 +123,49 @@ def test_the_recall_contrast_is_calibrated_on_the_null_and_williams_is_left_to_t
     # a null of no generalization makes both of Williams' correlations zero; its comparison of two
     # equal nonzero correlations is not calibrated here (the statistics table bootstraps it)
     assert not table.analysis.str.startswith("williams").any()
+
+
+def _confounded_design(recall_effect: float, reliability: float, seed: int = 3) -> NullDesign:
+    """A study whose generalization follows the *true* readability (plus ``recall_effect`` x recall),
+    with recall correlated to that truth and readability measured at ``reliability``."""
+    from dataclasses import replace
+
+    d = _null_design(n_rel=24, seed=seed)
+    rng = np.random.default_rng(seed + 10)
+    recall = rng.uniform(0.4, 1.0, 24)
+    true = np.clip(0.9 - 0.8 * recall + rng.normal(0, 0.1, 24), 0, 1)  # recall and readability anti-correlated
+    measured = true + rng.normal(0, np.sqrt((1 / reliability - 1) * true.var()), 24)
+    k = 0.05 + 0.4 * true + recall_effect * (recall - recall.mean())
+    observed = _label_kappa(d, k[None, :], rng)[0]
+    return replace(
+        d,
+        readability_kappa=measured,
+        covariates=d.covariates.assign(pretrained_accuracy=recall),
+        observed_kappa=observed,
+    )
+
+
+def test_the_recall_contrast_has_a_fitted_outcome_null():
+    """With readability measured exactly, the t-test of recall's partial r holds its level and the
+    null is centred at 0; with error, residual confounding shifts the null (here recall and
+    readability correlate negatively, so towards negative r) and the t-test rejects too often;
+    a real recall effect is found against the fitted null."""
+    table = recall_null_table(_confounded_design(0.0, 1.0), reliabilities=(1.0, 0.6), n_sim=400, seed=0)
+    exact, noisy = table.iloc[0], table.iloc[1]
+    assert abs(exact.mean_r) < 0.05 and exact.false_positive_rate <= 0.09
+    assert noisy.mean_r < -0.15 and noisy.false_positive_rate > 0.15
+    assert set(table.columns) >= {"reliability", "observed_r", "p_monte_carlo", "false_positive_rate", "slope"}
+    effect = recall_null_table(_confounded_design(0.5, 1.0), reliabilities=(1.0,), n_sim=400, seed=0)
+    assert effect.observed_r.iloc[0] > 0.4 and effect.p_monte_carlo.iloc[0] < 0.05
+    # no recall that varies (an encoder), or no observed outcome: no rows
+    d = _confounded_design(0.0, 1.0)
+    assert recall_null_table(replace_observed(d), n_sim=10).empty
+
+
+def replace_observed(d: NullDesign) -> NullDesign:
+    from dataclasses import replace
+
+    return replace(d, observed_kappa=None)
 
 
 def test_monte_carlo_p_of_an_observed_statistic():

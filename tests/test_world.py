@@ -7,15 +7,16 @@ import torch
 
 import interp
 from lab.world import (
+    ZOO,
     RelationSpec,
     TrainConfig,
     World,
     WorldSpec,
     WorldSpecError,
     build_tokenizer,
-    default_spec,
     load_world,
     train_world_model,
+    v3_spec,
 )
 from lab.world.report import recall
 
@@ -34,14 +35,14 @@ SMALL = WorldSpec(
 
 
 def test_same_seed_same_world_and_corpus():
-    a, b = World.generate(default_spec(seed=1)), World.generate(default_spec(seed=1))
+    a, b = World.generate(v3_spec(seed=1)), World.generate(v3_spec(seed=1))
     assert a.subjects == b.subjects and a.facts.equals(b.facts) and a.corpus() == b.corpus()
-    c = World.generate(default_spec(seed=2))
+    c = World.generate(v3_spec(seed=2))
     assert c.subjects != a.subjects
 
 
 def test_default_world_shape():
-    w = World.generate(default_spec())
+    w = World.generate(v3_spec())
     assert len(w.subjects) >= 1000 and len(set(w.subjects)) == len(w.subjects)
     assert len(w.spec.relations) >= 24
     assert all(2 <= r.n_answers <= 30 for r in w.spec.relations)
@@ -109,16 +110,16 @@ def test_mixed_training_adds_question_form_statements_for_a_fraction_of_subjects
 def test_shared_subject_tokens_give_no_subject_a_token_of_its_own():
     from dataclasses import replace
 
-    w = World.generate(replace(default_spec(), subject_tokens="shared"))
+    w = World.generate(replace(v3_spec(), subject_tokens="shared"))
     assert len(set(w.subjects)) == len(w.subjects) == 1000
     last = [s.split()[-1] for s in w.subjects]
     assert min(last.count(t) for t in set(last)) >= 2  # every last token is shared by several subjects
     # one factor changed: the same facts and frequencies, subject by subject (only the names differ)
-    u = World.generate(default_spec())
+    u = World.generate(v3_spec())
     assert u.subjects != w.subjects and [s.split()[0] for s in u.subjects] == [s.split()[0] for s in w.subjects]
     assert [u.frequency[s] for s in u.subjects] == [w.frequency[s] for s in w.subjects]
     assert u.facts.answer.tolist() == w.facts.answer.tolist()
-    assert World.generate(replace(default_spec(), subject_tokens="shared")).subjects == w.subjects
+    assert World.generate(replace(v3_spec(), subject_tokens="shared")).subjects == w.subjects
 
 
 def test_template_words_can_be_left_out_of_pretraining():
@@ -132,7 +133,7 @@ def test_template_words_can_be_left_out_of_pretraining():
 
 
 def test_spec_json_round_trip():
-    spec = default_spec(seed=4)
+    spec = v3_spec(seed=4)
     assert WorldSpec.from_json(spec.to_json()) == spec
 
 
@@ -169,7 +170,7 @@ def test_impossible_specs(bad, message):
 
 
 def test_unknown_knob():
-    d = json.loads(default_spec().to_json())
+    d = json.loads(v3_spec().to_json())
     d["relations"][0]["shuffle"] = True
     with pytest.raises(WorldSpecError, match=r"unknown knob\(s\) \['shuffle'\].*templates, mentions, augment, bio"):
         WorldSpec.from_dict(d)
@@ -238,10 +239,17 @@ def test_training_is_deterministic(tmp_path):
 
 
 def test_shipped_world_model_recalls_facts(backend):
+    """World v4's targets (issue 52): mean recall >= 0.7 on the relations mentioned four times, and
+    recall that varies across relations (SD >= 0.10); world v3's model recalls nearly everything."""
     model = interp.load_model("world", backend=backend)
     world = load_world()
-    sample = world.subjects[::10]
-    table = recall(model, world, subjects=sample)
+    table = recall(model, world, subjects=world.subjects[::10])
+    by_relation = table.groupby("relation")["correct"].mean()
+    mentions = by_relation.index.map({r.name: r.mentions for r in world.spec.relations})
+    assert by_relation[mentions == 4].mean() >= 0.7 and by_relation.std() >= 0.10, by_relation
+    v3 = ZOO["world-v3"]
+    model, world = interp.load_model("world-v3", backend=backend), load_world(v3.path)
+    table = recall(model, world, subjects=world.subjects[::10])
     assert table["correct"].mean() >= RECALL_FLOOR, table.groupby("relation")["correct"].mean()
 
 
@@ -257,7 +265,8 @@ def test_shipped_world_model_captures_through_both_backends():
         torch.testing.assert_close(a[s], b[s], atol=1e-5, rtol=1e-5)
 
 
-#: the issue's target; the shipped checkpoint (v3) measures 0.984 on all subjects, 0.983 on this 10% sample
+#: the v3 issue's target; world v3's model measures 0.984 on all subjects, 0.983 on this 10% sample
+#: (world v4's, measured on the same 10% sample: 0.82 on the relations mentioned four times, SD 0.19)
 RECALL_FLOOR = 0.97
 
 
@@ -269,7 +278,7 @@ V3_CORPUS_SHA256 = "e85f507595729675"
 def test_v3_worlds_are_written_as_before_v4():
     import hashlib
 
-    corpus = World.generate(default_spec()).corpus()
+    corpus = World.generate(v3_spec()).corpus()
     assert hashlib.sha256("\n".join(corpus).encode()).hexdigest()[:16] == V3_CORPUS_SHA256
 
 
@@ -339,7 +348,7 @@ def test_biographies_can_name_their_subject_once_and_say_they_after():
         for r in rels:  # every fact of the biography is stated, with its answer
             assert f" {w.answer(subject, r)}" in text
     # a v3 biography still repeats the name in every sentence
-    v3 = World.generate(default_spec(n_subjects=50))
+    v3 = World.generate(v3_spec(n_subjects=50))
     bio = next(text for text, rels in v3.documents() if len(rels) > 1 and "they" not in text)
     first = bio.split()[0]
     assert all(s.strip().startswith(first) for s in bio.rstrip(" .").split(" . "))
@@ -359,7 +368,7 @@ def test_v4_writes_facts_with_twenty_paraphrase_patterns_and_v3_with_five():
     }
     assert len(used) >= 12  # the biographies draw from all of them
     assert WorldSpec.from_json(spec.to_json()) == spec
-    assert "paraphrases" not in json.loads(default_spec().to_json())  # v3 specs key as before
+    assert "paraphrases" not in json.loads(v3_spec().to_json())  # v3 specs key as before
     with pytest.raises(WorldSpecError, match="templates must be 1 to 5"):
         replace(spec, paraphrases="v3").validate()
 
@@ -390,4 +399,4 @@ def test_lead_relations_write_the_answer_right_after_the_name():
     plain = World.generate(replace(spec, relations=tuple(replace(x, lead=False) for x in spec.relations)))
     assert all(plain.mentions(s, x.name) == w.mentions(s, x.name) for s in w.subjects[:20] for x in spec.relations)
     assert WorldSpec.from_json(spec.to_json()) == spec
-    assert all("lead" not in r for r in json.loads(default_spec().to_json())["relations"])  # v3 keys as before
+    assert all("lead" not in r for r in json.loads(v3_spec().to_json())["relations"])  # v3 keys as before

@@ -15,7 +15,7 @@ import interp
 from interp.trainable import lora_targets
 from lab.study.compare import CompareError, compare_studies, kendalls_w
 from lab.study.run import run_study
-from lab.world import RelationSpec, WorldSpec, default_spec, load_world
+from lab.world import RelationSpec, WorldSpec, load_world, v3_spec
 from lab.world import train as train_module
 from lab.world.checkpoint import world_checkpoint_of
 from lab.world.report import recall
@@ -97,7 +97,7 @@ def test_the_default_recipe_keeps_its_stage_key():
 
     assert digest(TrainConfig()) == "ef080fe7a6abf9a7"  # the key before the zoo existed
     assert digest(TrainConfig(arch="llama")) != digest(TrainConfig())
-    assert shipped_checkpoint(default_spec(seed=0, n_subjects=1000), TrainConfig()) is not None
+    assert shipped_checkpoint(v3_spec(seed=0, n_subjects=1000), TrainConfig()) is not None
 
 
 # the shipped zoo -------------------------------------------------------------------------------------

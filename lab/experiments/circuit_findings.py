@@ -133,7 +133,8 @@ def relation_section(folder: Path, figures_to: Path | None = None) -> str:
     lines = [
         f"## A relation before and after fine-tuning: `{relation}`",
         "",
-        f"`interp circuits relation {relation} --out {folder}` (world model, {rc.attrs.get('method')} "
+        f"`interp circuits relation {relation} --model {rc.attrs.get('model', 'world')} --out {folder}` "
+        f"({rc.attrs.get('method')} "
         f"fine-tune, label category {rc.attrs.get('category')}). Logit difference clean / corrupted: before "
         f"{num(rc.attrs['before']['clean_score'])} / {num(rc.attrs['before']['corrupted_score'])}, after "
         f"{num(rc.attrs['after']['clean_score'])} / {num(rc.attrs['after']['corrupted_score'])}.",

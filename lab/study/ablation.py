@@ -50,7 +50,7 @@ from interp.models import load_model
 from interp.progress import progress_bar
 from interp.results import write_table
 from lab.stages import DERIVED, WHERE, Runner, Stage, Task
-from lab.world import TrainConfig, World, WorldSpec, default_spec
+from lab.world import TrainConfig, World, WorldSpec, v3_spec
 from lab.world.report import recall
 
 from .causal import without_augmentation
@@ -83,7 +83,7 @@ class Variant:
 
 def default_variants(spec: WorldSpec | None = None) -> list[Variant]:
     """The factors the world model's recipe is made of, each switched the other way."""
-    spec = spec or default_spec()
+    spec = spec or v3_spec()
     qa = spec.qa_fraction
     base = TrainConfig()
     return [  # cheapest first
@@ -168,7 +168,7 @@ def ablate(
     ``only``: run just these variants (and the baseline) now; the tables keep every finished row.
     A folder holding an ablation with other steps, world, recipe or study is refused."""
     out = Path(out)
-    spec = spec or default_spec()
+    spec = spec or v3_spec()
     variants = list(variants or default_variants(spec))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):

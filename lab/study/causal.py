@@ -36,7 +36,7 @@ import pandas as pd
 from interp.resampling import bootstrap_indices, monte_carlo_p, percentile_interval, permutations, resampled_means
 from interp.results import write_json, write_table
 from lab.stages import Runner
-from lab.world import TrainConfig, World, WorldSpec, default_spec
+from lab.world import TrainConfig, World, WorldSpec, v3_spec
 
 from .config import StudyConfig
 from .run import run_study
@@ -73,7 +73,7 @@ def causal_test(
     A world whose spec and training recipe equal a shipped checkpoint's (the default world and
     its plain twin, both shipped) is copied instead of pretrained, unless ``retrain``."""
     out = Path(out)
-    spec = spec or default_spec()
+    spec = spec or v3_spec()
     manipulated = list(manipulated or [r.name for r in spec.relations if r.augment])
     if not manipulated:
         raise ValueError("no relation to manipulate: pass names of relations written with augmentation")

@@ -19,6 +19,20 @@ the calibration table. Raw accuracies carry the chance level (fewer or more lops
 a higher accuracy to a blind guess, and readability rises with them too), so the raw r rejects
 far more often than ``alpha``; kappa is 0 in expectation for every blind guess, so its r holds
 the nominal rate (tested on small settings in ``tests/test_study.py``).
+
+**The recall contrast needs a second null.** "Recall predicts generalization with readability held
+fixed" is tested against the null above, in which nothing generalizes, so a partial correlation
+that any generalizing model would show is counted as evidence. If generalization follows the
+*true* readability and the probe measures it with error, recall (correlated with the true value)
+keeps a partial correlation through the error: residual confounding. :func:`recall_null_table`
+simulates that null (a *fitted outcome*): true readability ``t = c0 + c1 recall + u`` (fitted on
+the study's relations), measured as ``t + e`` with reliability ``lambda`` (the share of the
+measured readability's variance that is true), generalization kappa ``a + b t + v`` (``b``
+disattenuated, ``v`` the between-relation variance the fit leaves beyond sampling noise), each
+held-out subject then labelled right with that probability and otherwise by a draw from the
+fine-tuned model's label shares. Recall has no effect of its own; the table gives, per
+``lambda``, how often the t-test of the partial r rejects, and the observed partial r's
+Monte-Carlo p under that null.
 """
 
 from __future__ import annotations
@@ -240,6 +254,21 @@ def calibration_table(
     return pd.DataFrame(rows)
 
 
+def _method_designs(relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, least: int):
+    """``(method, NullDesign)`` for every fine-tuning method of a study with at least ``least``
+    relations that have an outcome (a relation whose fine-tune failed has none)."""
+    for m in config["methods"]:
+        outcome = relations.get(f"generalization_kappa_{m}")
+        rel = relations if outcome is None else relations[outcome.notna()]
+        if len(rel) >= least:
+            yield (
+                m,
+                null_design(
+                    rel, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0]
+                ),
+            )
+
+
 def null_tables(
     relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int
 ) -> pd.DataFrame:
@@ -248,17 +277,130 @@ def null_tables(
     (``generalization_kappa_<method>``; a relation whose fine-tune failed has none,
     :mod:`lab.study.failures`), so that its Monte-Carlo p belongs to its r. A method with fewer
     than 3 such relations has no rows."""
-    parts = []
-    for m in config["methods"]:
-        outcome = relations.get(f"generalization_kappa_{m}")
-        rel = relations if outcome is None else relations[outcome.notna()]
-        if len(rel) < 3:
-            continue
-        design = null_design(
-            rel, predictions, m, config["category"], config["label_seeds"][0], config["finetune_seeds"][0]
-        )
-        parts.append(calibration_table(design, n_sim=n_sim, seed=seed, n_perm=config["n_perm"]).assign(method=m))
+    parts = [
+        calibration_table(design, n_sim=n_sim, seed=seed, n_perm=config["n_perm"]).assign(method=m)
+        for m, design in _method_designs(relations, predictions, config, least=3)
+    ]
     if not parts:
         return pd.DataFrame(columns=["method", "outcome", "predictor", "analysis", "p_monte_carlo", "n_sim", "alpha"])
     t = pd.concat(parts, ignore_index=True)
+    return t[["method"] + [c for c in t.columns if c != "method"]]
+
+
+#: reliabilities of measured readability the recall contrast's fitted null is simulated at
+RELIABILITIES = (1.0, 0.9, 0.8, 0.7, 0.6)
+
+
+def _label_kappa(design: NullDesign, k: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Generalization kappa ``[S, R]`` of simulated fine-tunes in which each held-out subject of
+    relation ``j`` gets its true label with probability ``k[s, j]`` (clipped to [0, 1]) and is
+    otherwise labelled by a draw from the fine-tuned model's label shares."""
+    S = k.shape[0]
+    kap = np.empty_like(k)
+    for j, (truth, q) in enumerate(zip(design.truth, design.label_shares)):
+        n, L = len(truth), len(q)
+        blind = rng.choice(L, size=(S, n), p=q)
+        knows = rng.random((S, n)) < np.clip(k[:, j], 0, 1)[:, None]
+        pred = np.where(knows, truth[None, :], blind)
+        acc = (pred == truth[None, :]).mean(1)
+        p_true = np.bincount(truth, minlength=L) / n
+        p_e = (np.stack([np.bincount(row, minlength=L) for row in pred]) / n) @ p_true
+        with np.errstate(invalid="ignore", divide="ignore"):
+            kap[:, j] = np.where(p_e < 1 - 1e-12, (acc - p_e) / (1 - p_e), np.nan)
+    return kap
+
+
+def recall_null_table(
+    design: NullDesign,
+    reliabilities: tuple[float, ...] = RELIABILITIES,
+    n_sim: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The recall contrast (recall's partial r with generalization kappa, readability kappa held
+    fixed) under the fitted-outcome null of the module docstring, one row per reliability.
+
+    Columns: ``reliability``, ``observed_r`` (the study's partial r), ``mean_r`` and ``sd_r`` (its
+    null distribution, shifted from 0 by the confounding: the sign of ``c1 b``), ``p_monte_carlo``
+    (equal-tailed: twice the smaller share of simulated r beyond the observed),
+    ``false_positive_rate`` (t-test at ``alpha``), ``slope`` (the fitted, disattenuated ``b``),
+    ``n_sim``, ``alpha``. Empty when the design has no recall that varies or no observed outcome.
+    """
+    cols = ["reliability", "observed_r", "mean_r", "sd_r", "p_monte_carlo", "false_positive_rate", "slope"]
+    if RECALL not in design.covariates or design.covariates[RECALL].nunique() < 2 or design.observed_kappa is None:
+        return pd.DataFrame(columns=[*cols, "n_sim", "alpha"])
+    z = design.covariates[RECALL].to_numpy(float)
+    x, y = design.readability_kappa, design.observed_kappa
+    ok = np.isfinite(x) & np.isfinite(y) & np.isfinite(z)
+    observed = _partial_r(z[ok], y[ok], x[ok])
+    # outcome noise the sampling of held-out subjects already gives (blind fine-tunes' kappa variance)
+    _, blind = simulate_outcomes(design, 400, seed)
+    sampling = float(np.nanmean(np.nanvar(blind, axis=0)[ok]))
+    c1, c0 = np.polyfit(z[ok], x[ok], 1)
+    var_x, var_xz = float(np.var(x[ok])), float(np.var(x[ok] - (c0 + c1 * z[ok])))
+    b_obs, a_obs = np.polyfit(x[ok], y[ok], 1)
+    rows = []
+    for i, lam in enumerate(reliabilities):
+        rng = np.random.default_rng(seed + 1 + i)
+        var_e = (1 - lam) * var_x
+        var_u = max(var_xz - var_e, 0.0)
+        b = b_obs / lam
+        a = float(np.mean(y[ok]) - b * np.mean(x[ok]))
+        resid = y[ok] - (a_obs + b_obs * x[ok])
+        var_v = max(float(np.var(resid)) - sampling - b * b * var_e * lam, 0.0)  # var(t | x) = lam var_e
+        t = c0 + c1 * z[None, :] + rng.normal(0, np.sqrt(var_u), (n_sim, len(z)))
+        xs = t + rng.normal(0, np.sqrt(var_e), t.shape)
+        k = a + b * t + rng.normal(0, np.sqrt(var_v), t.shape)
+        ys = _label_kappa(design, k, rng)
+        r = np.array([_partial_r(z[ok], ys[s, ok], xs[s, ok]) for s in range(n_sim)])
+        p_t = _t_p(r, int(ok.sum()) - 3)
+        rows.append(
+            {
+                "reliability": lam,
+                "observed_r": observed,
+                "mean_r": float(np.nanmean(r)),
+                "sd_r": float(np.nanstd(r)),
+                "p_monte_carlo": _equal_tailed_p(r, observed),
+                "false_positive_rate": float(np.mean(np.nan_to_num(p_t, nan=1.0) < alpha)),
+                "slope": float(b),
+                "n_sim": n_sim,
+                "alpha": alpha,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _equal_tailed_p(simulated: np.ndarray, observed: float) -> float:
+    """Two-sided Monte-Carlo p of ``observed`` against a null that need not be centred at 0 (this
+    one is not: residual confounding shifts it): twice the smaller tail, the observed value counted
+    once in each."""
+    r = simulated[np.isfinite(simulated)]
+    if not np.isfinite(observed) or len(r) == 0:
+        return float("nan")
+    upper, lower = (1 + np.sum(r >= observed)) / (len(r) + 1), (1 + np.sum(r <= observed)) / (len(r) + 1)
+    return float(min(1.0, 2 * min(upper, lower)))
+
+
+def _partial_r(z: np.ndarray, y: np.ndarray, x: np.ndarray) -> float:
+    """Partial correlation of ``z`` and ``y`` with ``x`` held fixed (NaN when undefined)."""
+    ok = np.isfinite(y)
+    if ok.sum() < 4:
+        return float("nan")
+    rz, _ = _residualize(z[ok], x[ok, None])
+    ry, _ = _residualize(y[ok], x[ok, None])
+    return float(_corr_rows(rz, ry[None, :])[0])
+
+
+def recall_null_tables(
+    relations: pd.DataFrame, predictions: pd.DataFrame, config: dict, n_sim: int, seed: int
+) -> pd.DataFrame:
+    """:func:`recall_null_table` for every fine-tuning method of a study (a ``method`` column), on
+    the relations with an outcome, as :func:`null_tables` does."""
+    parts = [
+        recall_null_table(design, n_sim=n_sim, seed=seed).assign(method=m)
+        for m, design in _method_designs(relations, predictions, config, least=4)
+    ]
+    if not parts or all(p.empty for p in parts):
+        return pd.DataFrame(columns=["method", "reliability", "observed_r", "p_monte_carlo", "n_sim"])
+    t = pd.concat([p for p in parts if not p.empty], ignore_index=True)
     return t[["method"] + [c for c in t.columns if c != "method"]]

@@ -17,7 +17,7 @@ from each arm (``source="both"``, the primary factor), and, for the manipulated 
 one arm only (``"augmented"``, ``"plain"``: the second factor); every subject not fine-tuned is
 held out and scored in its arm. Each seed draws its own labels, fine-tuning set and minibatches.
 
-**Estimators, fixed before the run** (docs/study.md, "pre-registered"):
+**Estimators, fixed before the run** (docs/protocol.md, "pre-registered"):
 
 - per relation, Δρ_r = readability(augmented) - readability(plain) and Δg_r = generalization
   kappa(augmented held-out) - (plain held-out), fine-tuned on both arms, averaged over seeds;
@@ -107,7 +107,7 @@ class CausalConfig:
     study: StudyConfig = field(default_factory=lambda: StudyConfig(methods=("full",), other_categories=()))
     seeds: tuple[int, ...] = (0, 1)
     one_arm: bool = True
-    base_kappa: float = 0.33  # the world study's mean generalization kappa (docs/study.md), for power
+    base_kappa: float = 0.33  # the world study's mean generalization kappa on world v3 (docs/study_v3.md), for power
     n_redraws: int = field(default=10_000, metadata=SUMMARY_ONLY)
     n_boot: int = field(default=5_000, metadata=SUMMARY_ONLY)
     power_sims: int = field(default=1_000, metadata=SUMMARY_ONLY)

@@ -1,6 +1,7 @@
 """A findings page for one world recipe studied over several pretraining seeds.
 
-Built only from the seeds' saved study tables (``summary.json``, ``relations.csv``, ``stats.csv``),
+Built only from the seeds' saved study tables (``summary.json``, ``relations.csv``, ``stats.csv``,
+``recall_null.csv`` where present),
 so ``interp study pool DIR... --page PAGE`` regenerates it byte for byte. It states, per seed and
 pooled (:mod:`lab.study.pooled`):
 
@@ -9,7 +10,9 @@ pooled (:mod:`lab.study.pooled`):
 - readability's partial r controlling each covariate and all of them, and Williams' comparison
   with the nonlinear probes (is *linear* readability the better predictor?);
 - the paper's contrast both ways: recall (the model's own accuracy) with readability held fixed,
-  and readability with recall held fixed;
+  and readability with recall held fixed; the first also against its fitted-outcome null
+  (``recall_null.csv``, :func:`lab.study.null.recall_null_table`), in which generalization follows
+  the true readability and only readability's measurement error lets recall look predictive;
 - the correlation within each level of the world's two-level writing knobs (for world v4: lead
   sentences, augmented biographies), so that a correlation made by one design factor's two
   clusters is told apart from one that holds inside each;
@@ -164,9 +167,44 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
             }
         )
     lines += [md_table(pd.DataFrame(contrast)), ""]
+    lines += _recall_null(folders, names, method)
     if knobs is not None:
         lines += _by_knob(loaded, knobs, outcome)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _recall_null(folders: list[Path], names: list[str], method: str) -> list[str]:
+    """The recall contrast against its fitted-outcome null, per seed and reliability (empty when
+    no study saved ``recall_null.csv``)."""
+    tables = {n: pd.read_csv(f / "recall_null.csv") for f, n in zip(folders, names) if (f / "recall_null.csv").exists()}
+    tables = {n: t[t.method == method] for n, t in tables.items() if not t[t.method == method].empty}
+    if not tables:
+        return []
+    lams = sorted({float(v) for t in tables.values() for v in t.reliability}, reverse=True)
+    rows = []
+    for n, t in tables.items():
+        t = t.set_index("reliability")
+        row = {"study": n, "recall, readability fixed": num(t.observed_r.iloc[0])}
+        for lam in lams:
+            hit = t.loc[lam] if lam in t.index else None
+            row[f"reliability {lam:g}"] = (
+                "n/a"
+                if hit is None
+                else f"null mean {num(hit.mean_r)}, p {pval(hit.p_monte_carlo)}, "
+                f"t-test FPR {num(hit.false_positive_rate)}"
+            )
+        rows.append(row)
+    return [
+        "Against a null in which recall does nothing: generalization follows the *true* readability, which "
+        "the probe measures with the stated reliability (the share of its variance that is true), so recall, "
+        "correlated with the truth, keeps a partial r through the measurement error (`lab.study.null`, "
+        "fitted-outcome null). `null mean`: where that confounding puts the partial r; `p`: equal-tailed "
+        "Monte-Carlo p of the observed partial r; `t-test FPR`: how often the conventional test rejects "
+        "under that null at 0.05.",
+        "",
+        md_table(pd.DataFrame(rows)),
+        "",
+    ]
 
 
 def _pooled_row(tables: list[pd.DataFrame], outcome: str, knob: str, level: str) -> dict | None:

@@ -23,7 +23,7 @@ from .backmap import backmap_summary, backmap_table
 from .baselines import baseline_columns
 from .config import StudySpec
 from .failures import failure_reason, failure_summary
-from .null import null_tables
+from .null import null_tables, recall_null_tables
 from .readout import Readability
 from .report import write_report
 from .stats import COVARIATES, RIVALS, correlation_table, pearson
@@ -358,6 +358,7 @@ def write_summary(
 
     # each method's null is simulated on the relations its statistics use (lab.study.null)
     null = null_tables(rel, preds, c.to_dict(), c.n_null, c.split_seed)
+    recall_null = recall_null_tables(rel, preds, c.to_dict(), c.n_null, c.split_seed)
     rob = robustness_table(spec, rel, runs)
     unique_r = rob.drop_duplicates("key").r
 
@@ -472,6 +473,7 @@ def write_summary(
         ("robustness", rob),
         ("backmap", backmap),
         ("null_calibration", null),
+        ("recall_null", recall_null),
     ):
         write_table(df, out / f"{name}.csv")
     write_json(summary, out / "summary.json")
@@ -480,22 +482,19 @@ def write_summary(
 
 def calibrate_folder(out, n_sim: int | None = None, seed: int | None = None) -> pd.DataFrame:
     """Recompute the null-calibration table of a finished study folder from its saved tables (the
-    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``stats.csv``,
-    ``summary.json`` and the report."""
+    ``interp study null DIR`` command); updates ``null_calibration.csv``, ``recall_null.csv`` (the
+    recall contrast's fitted-outcome null), ``stats.csv``, ``summary.json`` and the report."""
     out = Path(out)
     summary = json.loads((out / "summary.json").read_text())
     c = summary["config"]
-    n_sim = n_sim or c.get("n_null", 2000)
-    table = null_tables(
-        pd.read_csv(out / "relations.csv"),
-        pd.read_csv(out / "predictions.csv"),
-        c,
-        n_sim,
-        c["split_seed"] if seed is None else seed,
-    )
+    n_sim, seed = n_sim or c.get("n_null", 2000), c["split_seed"] if seed is None else seed
+    relations, predictions = pd.read_csv(out / "relations.csv"), pd.read_csv(out / "predictions.csv")
+    table = null_tables(relations, predictions, c, n_sim, seed)
+    recall_null = recall_null_tables(relations, predictions, c, n_sim, seed)
     stats = pd.read_csv(out / "stats.csv").drop(columns=["p_monte_carlo"], errors="ignore")
     stats, summary = apply_null(stats, table, summary)
     write_table(table, out / "null_calibration.csv")
+    write_table(recall_null, out / "recall_null.csv")
     write_table(stats, out / "stats.csv")
     write_json(summary, out / "summary.json")
     write_report(out)

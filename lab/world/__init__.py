@@ -3,7 +3,7 @@ the zoo of world models of other architecture families (:mod:`lab.world.zoo`).""
 
 from .checkpoint import default_checkpoint_dir, load_world, world_checkpoint_of
 from .relations import from_world
-from .spec import KNOBS, RelationSpec, WorldSpec, WorldSpecError, default_spec, v4_spec
+from .spec import KNOBS, RelationSpec, WorldSpec, WorldSpecError, default_spec, v3_spec, v4_spec
 from .tokenizer import build_tokenizer
 from .train import TrainConfig, train_world_model
 from .world import World
@@ -22,6 +22,7 @@ __all__ = [
     "build_tokenizer",
     "default_checkpoint_dir",
     "default_spec",
+    "v3_spec",
     "load_world",
     "train_world_model",
     "v4_spec",

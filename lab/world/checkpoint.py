@@ -34,7 +34,7 @@ def load_world(path: str | Path | None = None) -> World:
 
 def world_checkpoint_of(model) -> Path | None:
     """The world checkpoint directory ``model`` is: ``"world"`` or a zoo model's name
-    (``"world-llama"``, :mod:`lab.world.zoo`), a directory with a ``world_spec.json``, or a model
+    (``"world-v3"``, :mod:`lab.world.zoo`), a directory with a ``world_spec.json``, or a model
     handle loaded from one (``interp.load_model("world")``); None for any other model."""
     if isinstance(model, str) and model == "world":
         return default_checkpoint_dir()

@@ -252,7 +252,8 @@ def _without_defaults(obj) -> dict:
     return d
 
 
-# The default world (v3): 24 relations whose writing styles span the readability range. Styles:
+# World v3 (the default until world v4; ``world-v3``): 24 relations whose writing styles span the
+# readability range. Styles:
 _AUG = dict(templates=4, mentions=3, augment=True, bio=True)  # shuffled bios + paraphrases
 _PLAIN = dict(templates=1, mentions=2, augment=False, bio=False)  # one fixed statement
 _BIO = dict(templates=1, mentions=2, augment=False, bio=True)  # fixed-order bio, "they"
@@ -260,15 +261,16 @@ _RARE = dict(templates=2, mentions=1, augment=False, bio=False)  # seen once per
 
 
 def randomized_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
-    """The causal test's world: the default world with its nine augmented relations randomized
-    per subject (half the subjects get them in augmented biographies, half as plain statements);
-    every other relation is written exactly as in the default world."""
-    spec = default_spec(seed, n_subjects)
+    """The causal test's world: world v3 with its nine augmented relations randomized per subject
+    (half the subjects get them in augmented biographies, half as plain statements); every other
+    relation is written exactly as in world v3."""
+    spec = v3_spec(seed, n_subjects)
     return replace(spec, randomized=tuple(r.name for r in spec.relations if r.augment and r.bio)).validate()
 
 
-def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
-    """The embedded world model's world (v3).
+def v3_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """World v3, the embedded default before world v4 (the ``world-v3`` zoo models; the causal
+    tests' worlds are built on it). Every subject owns a family-name token.
 
     Nine relations are written in augmented biographies (four per subject on average), three
     more are derived from augmented ones (continent from country from city, industry from
@@ -384,4 +386,11 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
 
 
 #: the world recipes by name (``interp world train|curves --world``; a zoo model's ``world``)
-RECIPES = {"v3": default_spec, "v4": v4_spec, "v4-paraphrase": v4_paraphrase_spec}
+RECIPES = {"v3": v3_spec, "v4": v4_spec, "v4-paraphrase": v4_paraphrase_spec}
+#: the recipe of the embedded default model (``world``)
+DEFAULT_RECIPE = "v4"
+
+
+def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
+    """The embedded default model's world (:data:`DEFAULT_RECIPE`: world v4, :func:`v4_spec`)."""
+    return RECIPES[DEFAULT_RECIPE](seed, n_subjects)

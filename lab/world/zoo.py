@@ -1,18 +1,22 @@
 """The zoo: world models of several architecture families, pretrained on the same world.
 
-Every zoo model but ``world-v4`` reads the same corpus (the default world, seed 0: same facts, same
-documents, same tokenizer) with the same recipe (steps, schedule, batch, width, heads, seed); what differs is the
-architecture family (:data:`lab.world.train.ARCHS`) or, for ``world-deep``, the depth (8 blocks
-instead of 4). So a study's rows compare across models: the relations, labels, fine-tuning
-subjects and design are identical. What differs with the family besides the block: parameters
-(GPT-2 0.998M with tied embeddings; Llama 0.935M, tied, 2 key/value heads for 4 query heads; NeoX
-1.186M, untied as in Pythia; the 8-block GPT-2 1.79M), and each model is one pretraining run (one
-seed), so a difference between two models mixes the architecture with pretraining-run noise.
+Two zoos, one per world. **World v4** (the default, :func:`lab.world.spec.v4_spec`: no subject
+owns a token): ``world`` (GPT-2, 4 blocks, d_model 128, 12,000 steps; the embedded default) and
+``world-llama`` (the same recipe with the Llama block). **World v3** (:func:`lab.world.spec.v3_spec`,
+every subject owns a family-name token; kept with its saved studies): ``world-v3``,
+``world-v3-llama``, ``world-v3-neox`` and ``world-v3-deep``.
+
+Within a zoo every model reads the same corpus (same facts, same documents, same tokenizer) with
+the same recipe (steps, schedule, batch, width, heads, seed); what differs is the architecture
+family (:data:`lab.world.train.ARCHS`) or, for ``world-v3-deep``, the depth (8 blocks instead of
+4). So a study's rows compare across models: the relations, labels, fine-tuning subjects and
+design are identical. What differs with the family besides the block: parameters (GPT-2 0.998M
+with tied embeddings at v3's vocabulary; Llama 0.935M, tied, 2 key/value heads for 4 query heads;
+NeoX 1.186M, untied as in Pythia; the 8-block GPT-2 1.79M), and each model is one pretraining run
+(one seed), so a difference between two models mixes the architecture with pretraining-run noise.
 
 Each is registered as a model name (``interp.load_model("world-llama")``) and retrained with
-``interp world train --zoo NAME`` (resumable). ``world`` is the embedded default. ``world-v4`` is
-the same GPT-2 recipe (12,000 steps) on world v4 (:func:`lab.world.spec.v4_spec`), where no subject
-owns a token.
+``interp world train --zoo NAME`` (resumable).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ class ZooModel:
     folder: str
     train: TrainConfig
     #: the world recipe it is pretrained on (a key of ``lab.cli.WORLD_SPECS``)
-    world: str = "v3"
+    world: str = "v4"
 
     @property
     def path(self) -> Path:
@@ -55,12 +59,14 @@ class ZooModel:
 ZOO: dict[str, ZooModel] = {
     m.name: m
     for m in (
-        ZooModel("world", "gpt2", "world", TrainConfig()),
-        ZooModel("world-llama", "llama", "world_llama", TrainConfig(arch="llama", n_kv_heads=2)),
-        ZooModel("world-neox", "gpt_neox", "world_neox", TrainConfig(arch="neox")),
-        ZooModel("world-deep", "gpt2", "world_deep", TrainConfig(n_layers=8)),
         # world v4 (issue 52): shared-token names, lead sentences; 12,000 steps (docs/world.md)
-        ZooModel("world-v4", "gpt2", "world_v4", TrainConfig(steps=12000), world="v4"),
+        ZooModel("world", "gpt2", "world", TrainConfig(steps=12000)),
+        ZooModel("world-llama", "llama", "world_llama", TrainConfig(arch="llama", n_kv_heads=2, steps=12000)),
+        # world v3, the default before v4: every subject owns a name token
+        ZooModel("world-v3", "gpt2", "world_v3", TrainConfig(), world="v3"),
+        ZooModel("world-v3-llama", "llama", "world_v3_llama", TrainConfig(arch="llama", n_kv_heads=2), world="v3"),
+        ZooModel("world-v3-neox", "gpt_neox", "world_v3_neox", TrainConfig(arch="neox"), world="v3"),
+        ZooModel("world-v3-deep", "gpt2", "world_v3_deep", TrainConfig(n_layers=8), world="v3"),
     )
 }
 
@@ -77,13 +83,17 @@ def world_llama_dir() -> Path:
     return ZOO["world-llama"].checkpoint_dir()
 
 
-def world_neox_dir() -> Path:
-    return ZOO["world-neox"].checkpoint_dir()
+def world_v3_dir() -> Path:
+    return ZOO["world-v3"].checkpoint_dir()
 
 
-def world_deep_dir() -> Path:
-    return ZOO["world-deep"].checkpoint_dir()
+def world_v3_llama_dir() -> Path:
+    return ZOO["world-v3-llama"].checkpoint_dir()
 
 
-def world_v4_dir() -> Path:
-    return ZOO["world-v4"].checkpoint_dir()
+def world_v3_neox_dir() -> Path:
+    return ZOO["world-v3-neox"].checkpoint_dir()
+
+
+def world_v3_deep_dir() -> Path:
+    return ZOO["world-v3-deep"].checkpoint_dir()
