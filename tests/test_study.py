@@ -469,12 +469,14 @@ def test_null_and_findings_commands_rebuild_from_saved_tables(finished, tmp_path
     summary = json.loads((copy / "summary.json").read_text())
     assert (null.n_sim == 300).all() and summary["null_calibration"]["n_sim"] == 300
     assert "p_monte_carlo" in pd.read_csv(copy / "stats.csv")
+    assert (pd.read_csv(copy / "recall_null.csv").n_sim == 300).all()
     res = CliRunner().invoke(
         app, ["study", "findings", "--study", str(copy), "--out", str(tmp_path / "docs" / "study.md")]
     )
     assert res.exit_code == 0, res.output
     page = (tmp_path / "docs" / "study.md").read_text()
     assert "Monte-Carlo p" in page and "### Null calibration" in page and "| continent |" in page
+    assert "Recall against its fitted-outcome null" in page and "Caveat on the contrast" not in page
 
 
 def test_pooling_over_seeds_carries_the_seed_to_seed_noise(tmp_path):
