@@ -15,6 +15,11 @@ CMD):
 
     >>> Faithfulness(model, "logit_diff", n_random=20).run(pairs, {"EAP-IG": edges})
 
+Edge scores travel in MIB's graph format (:mod:`circuits.mib`), the JSON that EAP-IG and the MIB
+circuit track read and write:
+
+    >>> write_mib_graph(edges, model, "circuit.json", top_n=200); read_mib_graph("circuit.json", model)
+
 Any of the patching analyzers with ``statistics=True`` adds per-pair uncertainty (bootstrap intervals, sign-flip
 p-values; :mod:`circuits.statistics`).
 
@@ -35,6 +40,7 @@ from .metrics import (
     kl_to_clean,
     logit_diff,
 )
+from .mib import MIBFormatError, mib_graph, read_mib_graph, write_mib_graph
 from .pairs import (
     AnswerError,
     PairLengthError,
@@ -50,6 +56,10 @@ from .statistics import Uncertainty, significant
 from .token_attribution import TokenAttribution, TokenAttributionError, token_figure
 
 __all__ = [
+    "MIBFormatError",
+    "mib_graph",
+    "read_mib_graph",
+    "write_mib_graph",
     "ActivationPatching",
     "AttributionPatching",
     "TokenAttribution",
