@@ -107,6 +107,27 @@ def test_mixed_training_adds_question_form_statements_for_a_fraction_of_subjects
     assert all(a[r] == b[r] for r in untouched) and all(a[r] != b[r] for r in bio)
 
 
+def test_a_relation_can_set_its_own_share_of_question_form_statements():
+    """``RelationSpec.qa_fraction`` overrides the world's for that relation alone: at 1.0 every
+    subject gets the relation's question-form statement, at 0.0 none does; the other relations'
+    documents are written as before."""
+    from dataclasses import replace
+
+    base = replace(SMALL, qa_fraction=0.5)
+    rels = [replace(r, qa_fraction={"sport": 1.0, "hand": 0.0}.get(r.name)) for r in SMALL.relations]
+    own = World.generate(replace(base, relations=tuple(rels)))
+    docs = set(own.corpus())
+
+    def asked(w, r):
+        return {s for s in w.subjects if f"{s} {w.templates(r)[0]} {w.answer(s, r)} ." in docs}
+
+    assert asked(own, "sport") == set(own.subjects) and asked(own, "hand") == set()
+    a, b = World.generate(base).relation_digests(), own.relation_digests()
+    assert a["city"] == b["city"] and a["month"] == b["month"] and a["sport"] != b["sport"]
+    with pytest.raises(WorldSpecError, match="qa_fraction is a fraction"):
+        replace(base, relations=(replace(SMALL.relations[0], qa_fraction=1.5),)).validate()
+
+
 def test_shared_subject_tokens_give_no_subject_a_token_of_its_own():
     from dataclasses import replace
 

@@ -149,7 +149,7 @@ class World:
         """Exactly how many corpus documents state this fact (the subject-frequency covariate)."""
         r = self.relation[relation]
         f = self.frequency[subject]
-        qa = r.mixed and self._in_qa(subject)
+        qa = r.mixed and self._in_qa(subject, relation)
         randomized = self.spec.randomized
         if relation in randomized:  # the same in both arms (a biography's count, or as many statements)
             return (max(self.relation[n].mentions for n in randomized) + qa) * f
@@ -160,9 +160,11 @@ class World:
             return (max(x.mentions for x in group) + qa) * f
         return (r.mentions + qa) * f
 
-    def _in_qa(self, subject: str) -> bool:
-        """Whether mixed training writes this subject's biography facts as statements too."""
-        q = self.spec.qa_fraction
+    def _in_qa(self, subject: str, relation: str | None = None) -> bool:
+        """Whether mixed training writes this subject's facts (of ``relation``, under its own
+        ``qa_fraction`` if it has one) as question-form statements too."""
+        own = self.relation[relation].qa_fraction if relation is not None else None
+        q = self.spec.qa_fraction if own is None else own
         return q > 0 and _stream(self.spec.seed, "qa", subject).random() < q
 
     @property
@@ -212,10 +214,11 @@ class World:
                     docs.append((self._biography(s, names, rng), tuple(group)))
             for _ in range(max((self.relation[n].mentions for n in fixed_bio), default=0) * f):
                 docs.append((self.query(s, fixed_bio[-1]) + f" {self.answer(s, fixed_bio[-1])} .", tuple(fixed_bio)))
-            if self._in_qa(s):  # mixed training: biography facts also as question-form statements
-                for name in [n for n in all_aug_bio + fixed_bio if self.relation[n].mixed] + [
-                    r.name for r in loose if r.mixed
-                ]:
+            # mixed training: facts also as question-form statements (for the subjects drawn)
+            for name in [n for n in all_aug_bio + fixed_bio if self.relation[n].mixed] + [
+                r.name for r in loose if r.mixed
+            ]:
+                if self._in_qa(s, name):
                     for _ in range(f):
                         docs.append((f"{s} {self.templates(name)[0]} {self.answer(s, name)} .", (name,)))
             for r in loose:
