@@ -127,12 +127,12 @@ def mib_graph(
     """The MIB graph dictionary of an edge table (``sender``, ``receiver``, ``score``; one row per
     edge, as :meth:`AttributionPatching.edges <circuits.AttributionPatching.edges>` returns).
 
-    ``top_n``: the circuit is the ``top_n`` edges by absolute score, then (``pruned``, as EAP-IG's
-    ``apply_topn`` does by default) without the edges and nodes cut off from the input or the
-    logits (:func:`prune`); ``in_graph``: or a boolean column of ``edges`` says which edges are
-    in it (pruned alike); neither: no edge is (a file of scores only). ``logits`` is always in
-    the graph, as in EAP-IG. Edges of the model that the table lacks are left out of the file
-    (EAP-IG reads them at score 0)."""
+    ``top_n``: the circuit is the ``top_n`` edges by absolute score (ties to the earlier row), then
+    (``pruned``, as EAP-IG's ``apply_topn`` does by default) without the edges and nodes cut off
+    from the input or the logits (:func:`prune`); ``in_graph``: or a boolean column of ``edges``
+    says which edges are in it (pruned alike); neither: no edge is (a file of scores only).
+    ``logits`` is always in the graph, as in EAP-IG. Edges of the model that the table lacks are
+    left out of the file (EAP-IG reads them at score 0)."""
     missing = {"sender", "receiver", "score"} - set(edges.columns)
     if missing:
         raise MIBFormatError(f"the edge table lacks {sorted(missing)}: give AttributionPatching.edges()'s table")
@@ -144,8 +144,15 @@ def mib_graph(
         raise MIBFormatError("the edge table has an edge twice: one row per (sender, receiver)")
     cfg = mib_config(model)
     if top_n is not None:
+        if edges.score.isna().any():
+            raise MIBFormatError("the edge table has NaN scores: top_n cannot rank them (drop or fill them first)")
+        if not 0 <= top_n <= len(edges):
+            raise MIBFormatError(f"top_n={top_n}, but the edge table has {len(edges)} edges")
+        # ties in |score| go to the earlier row (EAP-IG breaks them by its own tensor order)
         chosen = edges.score.abs().rank(method="first", ascending=False) <= top_n
     elif in_graph is not None:
+        if edges[in_graph].isna().any() or not set(edges[in_graph].unique()) <= {True, False}:
+            raise MIBFormatError(f"the column {in_graph!r} must be True or False for every edge")
         chosen = edges[in_graph].astype(bool)
     else:
         chosen = pd.Series(False, index=edges.index)
@@ -164,8 +171,8 @@ def mib_graph(
     if pruned:
         kept, kept_nodes = prune(ends)
         chosen = [chosen[i] for i in sorted(kept)]
-    else:
-        kept_nodes = {n for pair in ends for n in pair}
+    else:  # as EAP-IG's apply_topn(prune=False): a node with an in-graph edge in and one out
+        kept_nodes = {a for a, _ in ends} & ({b for _, b in ends} | {"input"})
     for n in kept_nodes - {"logits"}:
         nodes[n]["in_graph"] = True
     on = set(chosen)
@@ -213,6 +220,8 @@ def read_mib_graph(path: str | Path, model=None) -> pd.DataFrame:
         m = _EDGE.fullmatch(name)
         if not m:
             raise MIBFormatError(f"{name!r} is not a MIB edge name (parent->child, or parent->a1.h0<q>)")
+        if m["child"].startswith("a") and not m["qkv"]:
+            raise MIBFormatError(f"{name!r}: an edge into an attention head names its input (<q>, <k> or <v>)")
         child = from_mib_node(m["child"], m["qkv"])
         rows.append(
             {

@@ -11,16 +11,20 @@ relation circuits, grokking, in-context learning), executors for distributed run
 here for a checkout used without installing.
 """
 
+from functools import partial
+
 from interp.models import register_model
 
 from .experiments.induction import checkpoint_dir as induction_checkpoint_dir
 from .world.checkpoint import default_checkpoint_dir as world_checkpoint_dir
-from .world.zoo import ZOO
+from .world.zoo import RENAMED, ZOO, renamed_dir
 
 register_model("world", world_checkpoint_dir)
 register_model("induction", induction_checkpoint_dir)
 for _entry in ZOO.values():
     if _entry.name != "world":
         register_model(_entry.name, _entry.checkpoint_dir)
+for _old in RENAMED:  # names from before world v4 became the default: the same checkpoints, with a warning
+    register_model(_old, partial(renamed_dir, _old))
 
 __all__ = ["induction_checkpoint_dir", "world_checkpoint_dir"]

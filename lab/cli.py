@@ -25,6 +25,7 @@ interp study predictors DIR          LRE faithfulness and Jacobian alignment as 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -793,9 +794,25 @@ def study_predictors(
     layer: int | None = typer.Option(None, help="LRE subject layer (default: n_layers // 2 - 1)"),
     beta: float = typer.Option(1.0, help="LRE beta"),
 ):
-    """LRE faithfulness/causality and Jacobian alignment per relation, correlated with generalization."""
-    model = interp.load_model("world", backend=interp.DEFAULT_BACKEND)
-    table = compare_predictors(out, model, from_world(load_world()), layer=layer, beta=beta)
+    """LRE faithfulness/causality and Jacobian alignment per relation, correlated with generalization
+    (on the world model the study ran on: its ``summary.json`` names it)."""
+    summary = out / "summary.json"
+    if not summary.exists():
+        raise InputError(f"{out} is not a finished study folder: it has no summary.json")
+    name = json.loads(summary.read_text())["model"]
+    root = world_checkpoint_of(name)
+    if root is None:
+        raise InputError(f"the study in {out} ran on {name!r}, not a world model: predictors need a world's relations")
+    model = interp.load_model(str(root) if name not in ZOO else name, backend=interp.DEFAULT_BACKEND)
+    claim = out / "study.json"
+    ran_on = json.loads(claim.read_text()).get("fingerprint") if claim.exists() else None
+    if ran_on is not None and ran_on != model.fingerprint():
+        raise InputError(
+            f"the study in {out} ran on other weights than {name!r} has now (fingerprint {ran_on} vs "
+            f"{model.fingerprint()}; world v3's model is 'world-v3' since world v4 became 'world'): "
+            "rerun the study, or its predictors on the model it ran on"
+        )
+    table = compare_predictors(out, model, from_world(load_world(root)), layer=layer, beta=beta)
     typer.echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
 
 

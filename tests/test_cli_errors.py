@@ -99,3 +99,19 @@ def test_world_train_with_a_zoo_name_and_no_out_checks_the_name(capsys):
     assert main(["world", "train", "--zoo", "wrld"]) == 2  # was a TypeError traceback (check of --out None)
     err = capsys.readouterr().err
     assert "no zoo model 'wrld'" in err and "Traceback" not in err
+
+
+def test_predictors_run_on_the_model_the_study_ran_on(tmp_path, capsys):
+    """``interp study predictors`` takes the model from the study's summary and refuses a study whose
+    weights are not that model's now (a v3 study saved as 'world' before v4 became 'world')."""
+    import json
+
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"model": "world"}))
+    (folder / "study.json").write_text(json.dumps({"model": "world", "fingerprint": "7bd6dd3f98266e6b"}))
+    assert main(["study", "predictors", str(folder)]) == 2
+    assert "ran on other weights" in capsys.readouterr().err
+    (folder / "summary.json").write_text(json.dumps({"model": "minilm"}))
+    assert main(["study", "predictors", str(folder)]) == 2
+    assert "not a world model" in capsys.readouterr().err

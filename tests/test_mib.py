@@ -92,6 +92,8 @@ def test_round_trip_and_a_circuit_given_by_column(tmp_path, world):
     assert [k for k, v in g["edges"].items() if v["in_graph"]] == ["input->logits"]
     unpruned = mib_graph(edges, world, in_graph="mine", pruned=False)
     assert sum(v["in_graph"] for v in unpruned["edges"].values()) == 2
+    # as EAP-IG without pruning: a node with an in-graph edge in and one out (input needs none in)
+    assert {n for n, v in unpruned["nodes"].items() if v["in_graph"]} == {"input", "logits"}
     # no circuit given: a file of scores only
     assert not any(v["in_graph"] for v in mib_graph(edges, world)["edges"].values())
 
@@ -105,6 +107,12 @@ def test_what_the_format_cannot_hold_is_refused(tmp_path, world, model_dirs):
         mib_graph(edges.drop(columns="score"), world)
     with pytest.raises(MIBFormatError, match="not both"):
         mib_graph(edges.assign(c=True), world, top_n=3, in_graph="c")
+    with pytest.raises(MIBFormatError, match="NaN scores"):
+        mib_graph(edges.assign(score=np.nan), world, top_n=3)
+    with pytest.raises(MIBFormatError, match="edge table has"):
+        mib_graph(edges, world, top_n=len(edges) + 1)
+    with pytest.raises(MIBFormatError, match="True or False"):
+        mib_graph(edges.assign(c=np.nan), world, in_graph="c")
     with pytest.raises(MIBFormatError, match="twice"):
         mib_graph(pd.concat([edges, edges.head(1)]), world)
     with pytest.raises(MIBFormatError, match="graph of another model"):
@@ -116,4 +124,7 @@ def test_what_the_format_cannot_hold_is_refused(tmp_path, world, model_dirs):
         read_mib_graph(tmp_path / "bad.json")
     (tmp_path / "bad.json").write_text(json.dumps({"cfg": {}, "nodes": {}, "edges": {"a0.h0=>m1": {"score": 1}}}))
     with pytest.raises(MIBFormatError, match="not a MIB edge name"):
+        read_mib_graph(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"cfg": {}, "nodes": {}, "edges": {"input->a1.h0": {"score": 1}}}))
+    with pytest.raises(MIBFormatError, match="names its input"):
         read_mib_graph(tmp_path / "bad.json")

@@ -273,7 +273,8 @@ def test_the_study_reports_its_covariates_rivals_and_the_recall_contrast(finishe
     from lab.study.null import RELIABILITIES
 
     fitted = pd.read_csv(out / "recall_null.csv")
-    assert rel.pretrained_accuracy.nunique() > 1 and set(fitted.reliability) == set(RELIABILITIES)
+    assert rel.pretrained_accuracy.nunique() > 1 and set(fitted.reliability) <= set(RELIABILITIES)
+    assert 1.0 in set(fitted.reliability) and (fitted.reliability >= fitted.min_reliability).all()
     observed = fitted[fitted.method == "full"].observed_r.iloc[0]
     assert observed == pytest.approx(rec.loc["partial:readability_best_kappa", "r"])
 

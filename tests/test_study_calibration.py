@@ -150,7 +150,9 @@ def test_the_recall_contrast_has_a_fitted_outcome_null():
     null is centred at 0; with error, residual confounding shifts the null (here recall and
     readability correlate negatively, so towards negative r) and the t-test rejects too often;
     a real recall effect is found against the fitted null."""
-    table = recall_null_table(_confounded_design(0.0, 1.0), reliabilities=(1.0, 0.6), n_sim=400, seed=0)
+    table = recall_null_table(_confounded_design(0.0, 1.0), reliabilities=(1.0, 0.7, 0.5), n_sim=400, seed=0)
+    # recall explains 65% of readability's variance here, so a reliability of 0.5 is impossible: left out
+    assert list(table.reliability) == [1.0, 0.7] and (table.min_reliability > 0.5).all()
     exact, noisy = table.iloc[0], table.iloc[1]
     assert abs(exact.mean_r) < 0.05 and exact.false_positive_rate <= 0.09
     assert noisy.mean_r < -0.15 and noisy.false_positive_rate > 0.15

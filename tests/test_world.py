@@ -124,6 +124,9 @@ def test_a_relation_can_set_its_own_share_of_question_form_statements():
     assert asked(own, "sport") == set(own.subjects) and asked(own, "hand") == set()
     a, b = World.generate(base).relation_digests(), own.relation_digests()
     assert a["city"] == b["city"] and a["month"] == b["month"] and a["sport"] != b["sport"]
+    # a world without mixed training has none, whatever a relation asks for (an ablation's "no mixed training")
+    off = World.generate(replace(base, qa_fraction=0.0, relations=tuple(rels)))
+    assert off.relation_digests() == World.generate(SMALL).relation_digests()
     with pytest.raises(WorldSpecError, match="qa_fraction is a fraction"):
         replace(base, relations=(replace(SMALL.relations[0], qa_fraction=1.5),)).validate()
 

@@ -70,7 +70,7 @@ def causal_test(
 ) -> pd.DataFrame:
     """Pretrain both worlds (resuming finished ones), run the study on each, compare.
 
-    A world whose spec and training recipe equal a shipped checkpoint's (the default world and
+    A world whose spec and training recipe equal a shipped checkpoint's (world v3, the default spec here, and
     its plain twin, both shipped) is copied instead of pretrained, unless ``retrain``."""
     out = Path(out)
     spec = spec or v3_spec()

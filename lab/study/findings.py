@@ -148,8 +148,12 @@ def controls_lines(stats: pd.DataFrame, method: str, recall_null: pd.DataFrame |
             "**Recall against its fitted-outcome null** (`recall_null.csv`): if generalization followed the true "
             "readability alone and the probe measured it with error, recall would keep a partial r through the "
             "part the probe missed (residual confounding). Simulated at each reliability (the share of measured "
-            "readability's variance that is true), with the equal-tailed Monte-Carlo p of the observed "
-            f"{num(fitted.observed_r.iloc[0])}: {cells}."
+            "readability's variance that is true; at least "
+            f"{num(fitted.min_reliability.iloc[0])}, the share recall explains, so lower ones are left out), with "
+            f"the equal-tailed Monte-Carlo p of the observed {num(fitted.observed_r.iloc[0])}: {cells}. The error "
+            "is classical (one variance for every relation, independent of recall), and "
+            f"{num(100 * fitted.clipped_share.mean(), 0)}% of the simulated probabilities of knowing fell outside "
+            "[0, 1] and were clipped."
         )
     return [line + "\n" for line in out]
 

@@ -324,7 +324,13 @@ def recall_null_table(
     null distribution, shifted from 0 by the confounding: the sign of ``c1 b``), ``p_monte_carlo``
     (equal-tailed: twice the smaller share of simulated r beyond the observed),
     ``false_positive_rate`` (t-test at ``alpha``), ``slope`` (the fitted, disattenuated ``b``),
+    ``min_reliability`` (the squared correlation of readability with recall: with recall measured
+    without error, the truth's share of readability's variance is at least that, so lower
+    reliabilities are left out), ``clipped_share`` (the share of simulated ``a + b t + v`` outside
+    [0, 1], which the simulation clips: a subject cannot know its label with probability below 0,
+    so the simulated kappa is then the blind one's, and the null is not exactly linear there),
     ``n_sim``, ``alpha``. Empty when the design has no recall that varies or no observed outcome.
+    The error model is classical: the same variance for every relation, independent of recall.
     """
     cols = ["reliability", "observed_r", "mean_r", "sd_r", "p_monte_carlo", "false_positive_rate", "slope"]
     if RECALL not in design.covariates or design.covariates[RECALL].nunique() < 2 or design.observed_kappa is None:
@@ -339,8 +345,11 @@ def recall_null_table(
     c1, c0 = np.polyfit(z[ok], x[ok], 1)
     var_x, var_xz = float(np.var(x[ok])), float(np.var(x[ok] - (c0 + c1 * z[ok])))
     b_obs, a_obs = np.polyfit(x[ok], y[ok], 1)
+    # recall is taken as measured without error, so the truth's share of readability's variance is at
+    # least the share recall explains: a reliability below that is impossible, and is not simulated
+    least = float(np.corrcoef(x[ok], z[ok])[0, 1] ** 2)
     rows = []
-    for i, lam in enumerate(reliabilities):
+    for i, lam in enumerate(r for r in reliabilities if r >= least):
         rng = np.random.default_rng(seed + 1 + i)
         var_e = (1 - lam) * var_x
         var_u = max(var_xz - var_e, 0.0)
@@ -351,6 +360,7 @@ def recall_null_table(
         t = c0 + c1 * z[None, :] + rng.normal(0, np.sqrt(var_u), (n_sim, len(z)))
         xs = t + rng.normal(0, np.sqrt(var_e), t.shape)
         k = a + b * t + rng.normal(0, np.sqrt(var_v), t.shape)
+        clipped = float(np.mean((k < 0) | (k > 1)))  # a probability of knowing: clipped to [0, 1]
         ys = _label_kappa(design, k, rng)
         r = np.array([_partial_r(z[ok], ys[s, ok], xs[s, ok]) for s in range(n_sim)])
         p_t = _t_p(r, int(ok.sum()) - 3)
@@ -363,6 +373,8 @@ def recall_null_table(
                 "p_monte_carlo": _equal_tailed_p(r, observed),
                 "false_positive_rate": float(np.mean(np.nan_to_num(p_t, nan=1.0) < alpha)),
                 "slope": float(b),
+                "min_reliability": least,
+                "clipped_share": clipped,
                 "n_sim": n_sim,
                 "alpha": alpha,
             }

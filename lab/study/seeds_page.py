@@ -200,7 +200,9 @@ def _recall_null(folders: list[Path], names: list[str], method: str) -> list[str
         "correlated with the truth, keeps a partial r through the measurement error (`lab.study.null`, "
         "fitted-outcome null). `null mean`: where that confounding puts the partial r; `p`: equal-tailed "
         "Monte-Carlo p of the observed partial r; `t-test FPR`: how often the conventional test rejects "
-        "under that null at 0.05.",
+        "under that null at 0.05. A reliability below the share of readability's variance that recall "
+        "explains is impossible (recall is taken as measured exactly) and is not simulated (n/a); the error "
+        "is classical (one variance for every relation, independent of recall).",
         "",
         md_table(pd.DataFrame(rows)),
         "",

@@ -8,11 +8,11 @@ from interp.models import ModelNotFoundError
 
 from .spec import WorldSpec
 from .world import World
-from .zoo import ZOO
+from .zoo import RENAMED, ZOO
 
 _CHECKPOINTS = Path(__file__).resolve().parent.parent / "checkpoints"
 _DEFAULT = _CHECKPOINTS / "world"
-#: the causal test's second world (the default world with its augmented relations written plainly)
+#: the causal test's second world (world v3 with its augmented relations written plainly)
 _PLAIN = _CHECKPOINTS / "world_plain"
 #: the randomized causal test's world (:func:`lab.world.spec.randomized_spec`)
 _RANDOMIZED = _CHECKPOINTS / "world_randomized"
@@ -41,6 +41,8 @@ def world_checkpoint_of(model) -> Path | None:
     if isinstance(model, str) and model in ZOO:
         return ZOO[model].checkpoint_dir()
     source = model if isinstance(model, (str, Path)) else getattr(model, "source", None)
+    if isinstance(source, str) and source in RENAMED:
+        return ZOO[RENAMED[source]].checkpoint_dir()
     if source is None or not isinstance(source, (str, Path)):
         return None
     root = Path(source)

@@ -51,9 +51,9 @@ class RelationSpec:
     #: (mixed training) keep the query's wording. The next token after the name then depends on the
     #: subject's facts, so the model must assemble them at the name (world v4)
     lead: bool = field(default=False, metadata=ADDED)
-    #: under mixed training, this relation's own fraction of subjects with question-form statements
-    #: (``None``: the world's ``qa_fraction``); the same subjects' draw decides, so a relation at 0.9
-    #: gives them to every subject a relation at 0.5 does, and more
+    #: under mixed training (a world ``qa_fraction`` above 0), this relation's own fraction of
+    #: subjects with question-form statements (``None``: the world's); the same subjects' draw
+    #: decides, so a relation at 0.9 gives them to every subject a relation at 0.5 does, and more
     qa_fraction: float | None = field(default=None, metadata=ADDED)
 
     @property

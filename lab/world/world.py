@@ -164,7 +164,8 @@ class World:
         """Whether mixed training writes this subject's facts (of ``relation``, under its own
         ``qa_fraction`` if it has one) as question-form statements too."""
         own = self.relation[relation].qa_fraction if relation is not None else None
-        q = self.spec.qa_fraction if own is None else own
+        # a world without mixed training (qa_fraction 0, as an ablation sets it) has none for any relation
+        q = self.spec.qa_fraction if own is None or self.spec.qa_fraction == 0 else own
         return q > 0 and _stream(self.spec.seed, "qa", subject).random() < q
 
     @property

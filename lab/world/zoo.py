@@ -10,17 +10,20 @@ Within a zoo every model reads the same corpus (same facts, same documents, same
 the same recipe (steps, schedule, batch, width, heads, seed); what differs is the architecture
 family (:data:`lab.world.train.ARCHS`) or, for ``world-v3-deep``, the depth (8 blocks instead of
 4). So a study's rows compare across models: the relations, labels, fine-tuning subjects and
-design are identical. What differs with the family besides the block: parameters (GPT-2 0.998M
-with tied embeddings at v3's vocabulary; Llama 0.935M, tied, 2 key/value heads for 4 query heads;
-NeoX 1.186M, untied as in Pythia; the 8-block GPT-2 1.79M), and each model is one pretraining run
-(one seed), so a difference between two models mixes the architecture with pretraining-run noise.
+design are identical. What differs with the family besides the block: parameters (world v4:
+GPT-2 0.887M and Llama 0.824M, both with tied embeddings; world v3, at its larger vocabulary:
+GPT-2 0.998M, Llama 0.935M, NeoX 1.186M untied as in Pythia, the 8-block GPT-2 1.79M; Llama
+has 2 key/value heads for 4 query heads), and each model is one pretraining run (one seed), so a
+difference between two models mixes the architecture with pretraining-run noise.
 
 Each is registered as a model name (``interp.load_model("world-llama")``) and retrained with
-``interp world train --zoo NAME`` (resumable).
+``interp world train --zoo NAME`` (resumable). The names of before v4 (:data:`RENAMED`: ``world-v4``,
+``world-neox``, ``world-deep``) still load the same checkpoints, with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +100,27 @@ def world_v3_neox_dir() -> Path:
 
 def world_v3_deep_dir() -> Path:
     return ZOO["world-v3-deep"].checkpoint_dir()
+
+
+#: names the zoo had before world v4 became the default, and the same checkpoints' names now
+RENAMED = {"world-v4": "world", "world-neox": "world-v3-neox", "world-deep": "world-v3-deep"}
+
+
+def renamed_dir(old: str) -> Path:
+    """The checkpoint an old zoo name still loads (the same weights), with a warning naming it now."""
+    new = RENAMED[old]
+    message = f"the zoo model {old!r} is called {new!r} now (same weights); load it by that name"
+    warnings.warn(message, FutureWarning, stacklevel=2)
+    return ZOO[new].checkpoint_dir()
+
+
+def world_v4_dir() -> Path:
+    return renamed_dir("world-v4")
+
+
+def world_neox_dir() -> Path:
+    return renamed_dir("world-neox")
+
+
+def world_deep_dir() -> Path:
+    return renamed_dir("world-deep")

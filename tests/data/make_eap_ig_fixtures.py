@@ -6,8 +6,10 @@
 EAP-IG imports ``HookedTransformer`` and ``HookedTransformerConfig`` from TransformerLens, which
 TransformerLens 4 removed; a graph built from a config dictionary uses them only for
 ``isinstance`` checks, so two empty stand-ins are enough. It also needs pygraphviz and matplotlib.
-Each graph gets distinct, exactly representable scores, then ``apply_topn`` (which prunes, as
-MIB's evaluation does) and ``to_json``.
+Each graph gets distinct, exactly representable scores (their absolute values tie in pairs, and
+the ``top_n`` given falls between two distinct absolute values, so the selection does not depend
+on how ties are broken), then ``apply_topn`` (which prunes, as MIB's evaluation does) and
+``to_json``.
 """
 
 import sys
