@@ -21,8 +21,9 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("tests", "benchmarks", "docs/hooks")
 # peers that cannot share the project's environment (auto-circuit pins kaleido 0.2.1 and
-# TransformerLens 2.x) run from scripts here, in environments their docstrings say how to build
-OWN_ENVIRONMENT = ("benchmarks/peers",)
+# TransformerLens 2.x) run from scripts here, in environments their docstrings say how to build;
+# tests/data holds the script that wrote EAP-IG's graph files with EAP-IG's own code (not installable here)
+OWN_ENVIRONMENT = ("benchmarks/peers", "tests/data")
 OWN = ("interp", "probes", "circuits", "jacobians", "lab")
 
 

@@ -225,7 +225,7 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
         finetune=FinetuneConfig(max_steps=60, check_every=10),
     )
     run = Interventions(
-        "world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
+        "world-v3", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
     )
     table = run.run()
     # the eraser saw exactly the fine-tuning subjects' states, never a held-out one
@@ -292,7 +292,7 @@ def test_world_erasure_is_at_chance_uses_only_finetuning_subjects_and_resumes(tm
     for module in (arms, steering_arm):
         monkeypatch.setattr(module, "finetune", lambda *a, **k: pytest.fail("a finished arm was fine-tuned again"))
     again = Interventions(
-        "world", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
+        "world-v3", WORLD_RELATIONS, tmp_path, InterventionConfig(n_random=2, n_boot=200), study_cfg, progress=False
     ).run()
     pd.testing.assert_frame_equal(table, again)
 
@@ -368,7 +368,8 @@ def test_all_token_erasers_leave_no_linear_trace_at_any_site_of_the_world_model(
         folds=3,
         nonlinear_probes=(),
     )
-    run = Interventions("world", ["continent"], tmp_path, InterventionConfig(n_random=2), study_cfg, progress=False)
+    # world v3, where continent is read at the name (kappa 0.9): erasing it there must cost recall
+    run = Interventions("world-v3", ["continent"], tmp_path, InterventionConfig(n_random=2), study_cfg, progress=False)
     r = run.study.relations["continent"]
     seen = []
     fit = arms.fit_token_erasers
