@@ -12,6 +12,7 @@ from scipy import stats as sps
 
 from interp.relations import Relation, RelationError
 from lab.study import make_design, relabel, run_study, split
+from lab.study.null import RELIABILITIES
 from lab.study.stats import partial, pearson, spearman
 
 
@@ -272,8 +273,6 @@ def test_the_study_reports_its_covariates_rivals_and_the_recall_contrast(finishe
     assert "partial:readability_best_kappa" in rec.index and "partial:pretrained_accuracy" not in rec.index
     assert len(null[(null.predictor == "pretrained_accuracy") & (null.analysis == "partial:readability_best_kappa")])
     # and against its fitted-outcome null (readability measured with error), per reliability
-    from lab.study.null import RELIABILITIES
-
     fitted = pd.read_csv(out / "recall_null.csv")
     assert rel.pretrained_accuracy.nunique() > 1 and set(fitted.reliability) <= set(RELIABILITIES)
     assert 1.0 in set(fitted.reliability) and (fitted.reliability >= fitted.min_reliability).all()

@@ -111,15 +111,19 @@ def simulate_outcomes(design: NullDesign, n_sim: int, seed: int = 0) -> tuple[np
     kap = np.empty_like(raw)
     for j, (truth, q) in enumerate(zip(design.truth, design.label_shares)):
         n, L = len(truth), len(q)
-        pred = rng.choice(L, size=(n_sim, n), p=q)
-        acc = (pred == truth[None, :]).mean(1)
-        p_true = np.bincount(truth, minlength=L) / n
-        q_hat = np.stack([np.bincount(row, minlength=L) for row in pred]) / n
-        p_e = q_hat @ p_true
-        raw[:, j] = acc
-        with np.errstate(invalid="ignore", divide="ignore"):
-            kap[:, j] = np.where(p_e < 1 - 1e-12, (acc - p_e) / (1 - p_e), np.nan)
+        raw[:, j], kap[:, j] = _scores(rng.choice(L, size=(n_sim, n), p=q), truth, L)
     return raw, kap
+
+
+def _scores(pred: np.ndarray, truth: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Accuracy and Cohen's kappa of each row of labels ``pred`` [S, n] against ``truth`` [n]
+    (``L`` labels): two ``[S]`` arrays, kappa NaN where the chance agreement is 1."""
+    n = len(truth)
+    acc = (pred == truth[None, :]).mean(1)
+    p_true = np.bincount(truth, minlength=L) / n
+    p_e = (np.stack([np.bincount(row, minlength=L) for row in pred]) / n) @ p_true
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return acc, np.where(p_e < 1 - 1e-12, (acc - p_e) / (1 - p_e), np.nan)
 
 
 def _corr_rows(x: np.ndarray, Y: np.ndarray) -> np.ndarray:
@@ -301,12 +305,7 @@ def _label_kappa(design: NullDesign, k: np.ndarray, rng: np.random.Generator) ->
         n, L = len(truth), len(q)
         blind = rng.choice(L, size=(S, n), p=q)
         knows = rng.random((S, n)) < np.clip(k[:, j], 0, 1)[:, None]
-        pred = np.where(knows, truth[None, :], blind)
-        acc = (pred == truth[None, :]).mean(1)
-        p_true = np.bincount(truth, minlength=L) / n
-        p_e = (np.stack([np.bincount(row, minlength=L) for row in pred]) / n) @ p_true
-        with np.errstate(invalid="ignore", divide="ignore"):
-            kap[:, j] = np.where(p_e < 1 - 1e-12, (acc - p_e) / (1 - p_e), np.nan)
+        _, kap[:, j] = _scores(np.where(knows, truth[None, :], blind), truth, L)
     return kap
 
 
