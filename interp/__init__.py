@@ -11,6 +11,8 @@ from .capture import Activations, capture
 from .lens import LogitLensError, logit_lens
 from .models import Model, ModelNotFoundError, load_model, register_model, registered_models
 from .prompts import Prompt
+from .sae import SAEFormatError, SparseAutoencoder, load_sae
+from .sae_sites import attach_sae, feature_site
 from .sites import UnknownSiteError
 from .store import ActivationStore
 from .tokens import PositionError, SubjectNotFoundError
@@ -31,6 +33,11 @@ __all__ = [
     "SubjectNotFoundError",
     "UnknownSiteError",
     "capture",
+    "attach_sae",
+    "feature_site",
+    "load_sae",
+    "SAEFormatError",
+    "SparseAutoencoder",
     "load_model",
     "logit_lens",
     "attention_patterns",

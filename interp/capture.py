@@ -130,12 +130,13 @@ class _Job:
         """Refuse before any pass when one batch's forward, or the ``n_rows`` captured rows (every
         prompt, or one shard of a store), would not fit: the rows are held twice at their peak (the
         batches' pieces and their concatenation; three times with every token's mask applied), each
-        site at most ``d_model`` wide per token."""
+        site as wide as :meth:`~interp.Model.site_width` says (``d_model`` where it does not know)."""
         model, n_sites = self.model, len(self.sites)
+        per_token = sum(model.site_width(s) or model.d_model for s in self.sites)  # values, all sites
         longest = max((len(e) for e in self.encoded), default=1)
         k = self.width if self.all_tokens else max((len(p) for p in self.token_positions), default=1)
         element = torch.empty((), dtype=self.dtype).element_size()
-        held = (3 if self.all_tokens else 2) * n_rows * k * n_sites * model.d_model * element
+        held = (3 if self.all_tokens else 2) * n_rows * k * per_token * element
         forward = memory.forward_bytes(model, min(self.batch_size, len(self.encoded)), longest, graph=False)
         what = f"capturing {n_sites} sites at {k} positions of {n_rows} prompts"
         advice = (

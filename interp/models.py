@@ -159,6 +159,11 @@ class Model:
     def resid_site(self, layer: int) -> str:
         return site_name("resid_post", layer)
 
+    def site_width(self, site: str) -> int | None:
+        """How many values ``site`` holds per token (``d_model``; heads x ``d_head`` for a per-head
+        site; an attached SAE's features: ``d_sae``), or None where the backend does not know."""
+        return self.backend.site_width(site)
+
     def check_sites(self, sites) -> list[str]:
         """Validate site names (unknown names raise with the nearest valid ones)."""
         return validate_sites(sites, self.backend.accepted_sites)
@@ -332,6 +337,9 @@ class Model:
         :attr:`source` with the same :attr:`load_options` and name (once per process) and checks
         that the weights' fingerprint matches. A model only in memory, or one with standing
         interventions, cannot be sent."""
+        why = self.backend.unsendable()
+        if why is not None:
+            raise TypeError(f"model {self.name!r} cannot be sent to a worker process: {why}")
         if self.source is None or self._standing:
             raise TypeError(
                 f"model {self.name!r} cannot be sent to a worker process: a worker loads the model again, so load "
@@ -502,17 +510,10 @@ def resolve_path(spec: str | os.PathLike) -> Path:
         return path
     if str(spec).startswith((".", "/", "~")):
         raise ModelNotFoundError(f"no model directory at {path}")
-    from huggingface_hub import snapshot_download
-
     try:
-        return Path(snapshot_download(str(spec), local_files_only=True))
-    except Exception:
-        pass
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True"):
-        try:
-            return Path(snapshot_download(str(spec)))
-        except Exception:
-            pass
+        return hub_snapshot(str(spec), "config.json")
+    except SnapshotNotFound as missing:
+        causes = missing.causes()
     near = difflib.get_close_matches(str(spec), registered_models(), n=3, cutoff=0.6)
     if near:
         raise ModelNotFoundError(
@@ -523,8 +524,58 @@ def resolve_path(spec: str | os.PathLike) -> Path:
         f"no local weights for {str(spec)!r}: it is not a directory, not in the HuggingFace cache, "
         "and the hub cannot be reached. On a machine with hub access run "
         f"`hf download {spec} --local-dir ./{Path(str(spec)).name}`, copy that folder here and pass "
-        f"its path: load_model('./{Path(str(spec)).name}')."
+        f"its path: load_model('./{Path(str(spec)).name}')." + (f" ({causes})" if causes else "")
     )
+
+
+class SnapshotNotFound(FileNotFoundError):
+    """:func:`hub_snapshot` found no snapshot holding the file asked for; ``reasons`` says why, one
+    line per place looked in."""
+
+    def __init__(self, repo: str, required: str, reasons: list[str]):
+        self.repo, self.required, self.reasons = repo, required, reasons
+        super().__init__(f"no snapshot of {repo!r} holding {required}: " + "; ".join(reasons))
+
+    def causes(self) -> str:
+        """The reasons worth showing a user (not the expected "not in the local cache")."""
+        return "; ".join(r for r in self.reasons if not r.endswith(_NOT_CACHED))
+
+
+_NOT_CACHED = "not in the local HuggingFace cache"
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` forbids reaching the HuggingFace hub."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") in ("1", "true", "True")
+
+
+def hub_snapshot(repo: str, required: str, allow_patterns: Sequence[str] | None = None) -> Path:
+    """The local folder of a snapshot of the HuggingFace hub repository ``repo`` that holds the file
+    ``required`` (a path inside the repository): the one in the local cache, else one downloaded
+    where the hub can be reached (``HF_HUB_OFFLINE`` unset). ``allow_patterns``: the files to fetch
+    (default: all). A cached snapshot without ``required`` (an earlier download of other files) is
+    not returned. Raises :class:`SnapshotNotFound`, whose ``reasons`` say what each place answered."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = list(allow_patterns) if allow_patterns is not None else None
+    places = [("the local HuggingFace cache", True)] + ([] if hub_offline() else [("the hub", False)])
+    reasons = []
+    for place, local in places:
+        try:
+            root = Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=local))
+        except LocalEntryNotFoundError:
+            reasons.append(f"{repo}: {_NOT_CACHED}")
+            continue
+        except Exception as err:  # no network, no such repository, no access: said, not hidden
+            reasons.append(f"{place} answered {type(err).__name__}: {err}")
+            continue
+        if (root / required).exists():
+            return root
+        reasons.append(f"the snapshot of {repo} in {place} has no {required}")
+    if hub_offline():
+        reasons.append("the hub is not asked: HF_HUB_OFFLINE is set")
+    raise SnapshotNotFound(repo, required, reasons)
 
 
 def _compose(standing: Callable, user: HookFn | None, batch: Batch) -> HookFn:

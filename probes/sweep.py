@@ -28,7 +28,7 @@ for every subject, the probe's ranked answers from the fold in which that subjec
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +94,14 @@ class ProbeSweep:
         (:mod:`probes.baselines`), and add ``kappa``, ``embedding_kappa``, ``random_kappa``,
         ``baseline_kappa`` and ``kappa_above_baseline`` to every row; the long table is
         ``baselines_``. Needs a model (not stored activations) and ``readout``.
+    select : feature selection inside the cross-validation: ``select(X_train, y_train, n_classes)``
+        returns the indices of the features a probe reads (best first), and is called for every
+        probe (relation, site, seed, fold, and the control task with its own labels) with that
+        probe's training rows only (``X_train`` ``[n_train, d]``, ``y_train`` its class indices), so
+        the held-out fold never informs the choice. Each probe is then fitted and scored on its own
+        features, with the same folds, seeds, metrics and read-out; the choices are ``selected_``
+        (one row per probe and rank). :class:`probes.SparseProbeSweep` selects by mean difference.
+        Not with ``mdl``, ``baselines`` or ``nonlinear``, which read every probe's features at once.
     """
 
     def __init__(
@@ -121,12 +129,21 @@ class ProbeSweep:
         baseline_seeds: Sequence[int] = (0, 1, 2),
         nonlinear: Sequence[str] = (),
         knn_k: int = 10,
+        select: Callable[[torch.Tensor, np.ndarray, int], Sequence[int]] | None = None,
     ):
         unknown = [n for n in nonlinear if n not in NONLINEAR]
         if unknown:
             raise ValueError(f"nonlinear probes {unknown} are not known; choose from {NONLINEAR}")
         if knn_k < 1:
             raise ValueError(f"knn_k must be at least 1, got {knn_k}")
+        if select is not None:
+            for name, on in (("mdl", mdl), ("baselines", baselines), ("nonlinear", bool(nonlinear))):
+                if on:
+                    raise ValueError(
+                        f"{name} cannot be combined with select: {name} reads all subjects at once, so it cannot use "
+                        "features chosen per fold; run it in a sweep of its own"
+                    )
+        self.select = select
         self.nonlinear = tuple(nonlinear)
         self.knn_k = knn_k
         self.mdl = mdl
@@ -165,6 +182,7 @@ class ProbeSweep:
         if self.baselines and not self.readout:
             raise ValueError("baselines=True compares pooled kappas from the read-out: keep readout=True")
         prepared = [self._prepare(r) for r in relations]
+        self._selected: list[dict] = []
         if isinstance(source, Model):
             sites = list(self.sites or [source.resid_site(l) for l in range(source.n_layers)])
             source.check_sites(sites)
@@ -184,6 +202,7 @@ class ProbeSweep:
         self._check_finite(features)
         rows, readout = self._fit_all(prepared, features, model_name)
         self.readout_ = pd.DataFrame(readout)
+        self.selected_ = pd.DataFrame(self._selected)
         if self.baselines:
             self.baselines_ = self.baseline_table(source, relations)
             return with_baselines(pd.DataFrame(rows), self.readout_, self.baselines_)
@@ -225,6 +244,7 @@ class ProbeSweep:
             readout += o
             del features
         self.readout_ = pd.DataFrame(readout)
+        self.selected_ = pd.DataFrame(self._selected)
         return pd.DataFrame(rows)
 
     @staticmethod
@@ -299,27 +319,50 @@ class ProbeSweep:
                     meta.append((seed, fold, kind, si))
         return np.stack(ys), np.stack(trains), meta
 
+    def _chunks(self, groups: list[tuple], K: int, by_width: bool = False) -> list[list[tuple]]:
+        """``groups`` (each ``(prepared, site, X, ...)``, with ``K`` problems) in chunks fitted
+        together: similar class counts (at most ~30% padded classes), each under ``max_elements``
+        logits; ``by_width``: also one feature width per chunk."""
+        key = (lambda t: (t[2].shape[-1], len(t[0].classes))) if by_width else (lambda t: len(t[0].classes))
+        chunks, part = [], []
+        for item in sorted(groups, key=key):
+            trial = part + [item]
+            c_max = max(len(t[0].classes) for t in trial)
+            size = len(trial) * K * max(len(t[0].keep) for t in trial) * c_max
+            padded = len(trial) * c_max > 1.3 * sum(len(t[0].classes) for t in trial)
+            other_width = by_width and bool(part) and item[2].shape[-1] != part[0][2].shape[-1]
+            if part and (size > self.max_elements or padded or other_width):
+                chunks.append(part)
+                trial = [item]
+            part = trial
+        chunks.append(part)
+        return chunks
+
+    def _logistic(self, X, Y, T, NC):
+        """The sweep's logistic probes on a padded batch of problems (:func:`probes.logistic.fit_logistic`)."""
+        to = self.device
+        return fit_logistic(
+            X.to(to),
+            Y.to(to),
+            T.to(to),
+            NC.to(to),
+            C=self.C,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            dtype=self.dtype,
+            standardize=self.standardize,
+        )
+
     def _fit_all(self, prepared, features, model_name):
+        if self.select is not None:
+            return self._fit_selected(prepared, features, model_name)
         groups = []  # (prepared, site, X)
         for p in prepared:
             for s, x in features[p.relation.name].items():
                 groups.append((p, s, x))
         K = len(self.seeds) * self.folds * (2 if self.control else 1)
         rows, readout = [], []
-        # chunks of groups with similar class counts (at most ~30% padded classes), each under
-        # max_elements logits
-        groups.sort(key=lambda t: len(t[0].classes))
-        chunks, part = [], []
-        for item in groups:
-            trial = part + [item]
-            c_max = max(len(p.classes) for p, _, _ in trial)
-            size = len(trial) * K * max(len(p.keep) for p, _, _ in trial) * c_max
-            padded = len(trial) * c_max > 1.3 * sum(len(p.classes) for p, _, _ in trial)
-            if part and (size > self.max_elements or padded):
-                chunks.append(part)
-                trial = [item]
-            part = trial
-        chunks.append(part)
+        chunks = self._chunks(groups, K)
         bar = progress_bar(total=len(groups), desc="probes", unit="sites", progress=self.progress, threshold=1)
         for part in chunks:
             d = part[0][2].shape[-1]
@@ -341,17 +384,7 @@ class ProbeSweep:
                 T[g, :, :m] = torch.as_tensor(trains)
                 NC[g] = len(p.classes)
                 metas.append(meta)
-            fit = fit_logistic(
-                X.to(self.device),
-                Y.to(self.device),
-                T.to(self.device),
-                NC.to(self.device),
-                C=self.C,
-                max_iter=self.max_iter,
-                tol=self.tol,
-                dtype=self.dtype,
-                standardize=self.standardize,
-            )
+            fit = self._logistic(X, Y, T, NC)
             logits = fit.logits(X.to(self.device)).cpu()  # [G, K, n, c]
             other = self._nonlinear(X, Y, T, NC, metas[0])
             for g, (p, s, x) in enumerate(part):
@@ -369,6 +402,73 @@ class ProbeSweep:
             bar.update(len(part))
         bar.close()
         return rows, readout
+
+    def _fit_selected(self, prepared, features, model_name):
+        """``select``: every problem of :meth:`_tasks` (relation, site, seed, fold, task or control)
+        fitted on the features its training rows chose, as a group of its own; then scored as
+        :meth:`_fit_all` scores a group's problems."""
+        units = []  # (prepared, site, X [m, k], problem index, labels [m], train [m])
+        problems = {}  # (relation, site) -> (prepared, meta)
+        for p in prepared:
+            ys, trains, meta = self._tasks(p)
+            for s, x in features[p.relation.name].items():
+                x = x.reshape(len(p.keep), -1)
+                problems[(p.relation.name, s)] = (p, meta)
+                for k, (seed, fold, kind, _si) in enumerate(meta):
+                    train = trains[k]
+                    chosen = self._chosen(x[torch.as_tensor(train)], ys[k][train], len(p.classes), p, s)
+                    self._selected += [
+                        {"model": model_name, "relation": p.relation.name, "site": s, "seed": seed, "fold": fold}
+                        | {"labels": kind, "rank": rank, "feature": int(j)}
+                        for rank, j in enumerate(chosen)
+                    ]
+                    units.append((p, s, x[:, torch.as_tensor(chosen)], k, ys[k], train))
+        logits, converged = {}, {}  # (relation, site) -> per problem: [m, c] logits, converged
+        bar = progress_bar(total=len(units), desc="probes", unit="probes", progress=self.progress, threshold=1)
+        for part in self._chunks(units, 1, by_width=True):
+            n = max(len(u[0].keep) for u in part)
+            X = torch.zeros(len(part), n, part[0][2].shape[-1], dtype=self.dtype)
+            Y = torch.full((len(part), 1, n), -1, dtype=torch.long)
+            T = torch.zeros(len(part), 1, n, dtype=torch.bool)
+            NC = torch.zeros(len(part), 1, dtype=torch.long)
+            for g, (p, _s, x, _k, y, train) in enumerate(part):
+                m = len(p.keep)
+                X[g, :m] = x.to(self.dtype)
+                Y[g, 0, :m] = torch.as_tensor(y)
+                T[g, 0, :m] = torch.as_tensor(train)
+                NC[g] = len(p.classes)
+            fit = self._logistic(X, Y, T, NC)
+            out = fit.logits(X.to(self.device)).cpu()  # [G, 1, n, c]
+            for g, (p, s, _x, k, _y, _t) in enumerate(part):
+                m, c = len(p.keep), len(p.classes)
+                logits.setdefault((p.relation.name, s), {})[k] = out[g, 0, :m, :c]
+                converged.setdefault((p.relation.name, s), {})[k] = bool(fit.converged[g, 0])
+            bar.update(len(part))
+        bar.close()
+        rows, readout = [], []
+        for (name, s), (p, meta) in problems.items():
+            every = torch.stack([logits[(name, s)][k] for k in range(len(meta))])  # [K, m, c]
+            done = torch.tensor([converged[(name, s)][k] for k in range(len(meta))])
+            self._evaluate(p, s, every, meta, model_name, done, rows, readout)
+        return rows, readout
+
+    def _chosen(self, X_train: torch.Tensor, y_train: np.ndarray, n_classes: int, p, site: str) -> np.ndarray:
+        """``select``'s choice for one problem, checked: distinct feature indices of ``X_train``."""
+        chosen = np.asarray(self.select(X_train, y_train, n_classes))
+        d = X_train.shape[-1]
+        if (
+            chosen.ndim != 1
+            or not len(chosen)
+            or not np.issubdtype(chosen.dtype, np.integer)
+            or chosen.min() < 0
+            or chosen.max() >= d
+            or len(np.unique(chosen)) != len(chosen)
+        ):
+            raise ValueError(
+                f"select must return distinct feature indices (ints from 0 to {d - 1}), at least one; for relation "
+                f"{p.relation.name!r} at {site!r} it returned {chosen[:10].tolist()}"
+            )
+        return chosen
 
     def _nonlinear(self, X, Y, T, NC, meta) -> dict[str, torch.Tensor]:
         """The nonlinear probes' predictions on the task problems (not the controls) of a chunk:

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 
 from ..architectures import arch_info, architecture_for
-from ..sites import is_standard, parse_site, site_name
+from ..sites import HEAD_SITES, is_standard, parse_site, site_name
 from ..trainable import LoraSpec
 
 Tensor = torch.Tensor
@@ -73,6 +73,23 @@ class Backend(ABC):
     def accepted_sites(self) -> list[str]:
         """Every name ``run`` accepts (a superset of :attr:`sites` for some backends)."""
         return self.sites
+
+    def site_width(self, site: str) -> int | None:
+        """How many values ``site`` holds per token (a per-head site: heads x ``d_head``); None for
+        a name outside the site vocabulary (a bridge's own hook point), whose shape is not known."""
+        if not is_standard(site):
+            return None
+        kind = parse_site(site).kind
+        if kind in ("attn.hook_q", "attn.hook_z"):
+            return self.n_heads * self.d_head
+        if kind in HEAD_SITES:  # keys and values: one per key/value head
+            return getattr(self, "n_kv_heads", self.n_heads) * self.d_head
+        return self.d_model
+
+    def unsendable(self) -> str | None:
+        """Why a handle on this backend cannot travel to a worker process by reference (loaded
+        again there from its source), or None where it can."""
+        return None
 
     @abstractmethod
     def run(
