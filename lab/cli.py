@@ -75,7 +75,7 @@ from lab.study.summary import calibrate_folder
 from lab.world import from_world, load_world, train_world_model, world_checkpoint_of
 from lab.world.curves import curve_summary, learning_curves
 from lab.world.report import knowledge_report, readability
-from lab.world.spec import RECIPES
+from lab.world.spec import DEFAULT_RECIPE, RECIPES
 from lab.world.train import ARCHS, TrainConfig, check_config, recipe, trained_on
 from lab.world.zoo import ZOO, zoo_model
 from probes import best_layer_readability
@@ -620,7 +620,7 @@ def world_report(
 @world_app.command("curves")
 def world_curves(
     out: Path = typer.Option(Path("results/curves"), help="results folder (resumed if it exists)"),
-    world: str = typer.Option("v4", help=f"the world's recipe: {', '.join(WORLD_SPECS)}"),
+    world: str = typer.Option(DEFAULT_RECIPE, help=f"the world's recipe: {', '.join(WORLD_SPECS)}"),
     sizes: str = typer.Option("4x128,6x256", help="model sizes, LAYERSxD_MODEL, comma-separated"),
     steps: int = typer.Option(12000, help="pretraining steps of each size"),
     every: int = typer.Option(2000, help="steps between measurements"),

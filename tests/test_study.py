@@ -551,3 +551,45 @@ def test_pooling_over_seeds_carries_the_seed_to_seed_noise(tmp_path):
     ).to_csv(folders[0] / "recall_null.csv", index=False)  # fmt: skip
     page = seeds_page(folders, knobs)
     assert "fitted-outcome null" in page and "null mean -0.200, p 0.003, t-test FPR 0.190" in page
+
+
+def test_pooling_another_method_reads_each_seeds_own_test(tmp_path):
+    """``method="lora"`` pools LoRA's outcome and takes each seed's r and Monte-Carlo p from its
+    stats.csv (not the full fine-tune's headline); a method some study did not run is refused."""
+    from lab.study.compare import CompareError
+    from lab.study.pooled import pool_over_seeds, pooled_correlation
+    from lab.study.seeds_page import seeds_page
+
+    rng = np.random.default_rng(1)
+    R, folders, xs, ys = 20, [], [], []
+    for s in range(3):
+        f = tmp_path / f"seed{s}"
+        f.mkdir()
+        x, y_full, y_lora = rng.normal(size=R), rng.normal(size=R), rng.normal(size=R)
+        xs.append(x), ys.append(y_lora)
+        pd.DataFrame(
+            {"relation": [f"r{i}" for i in range(R)], "readability_best_kappa": x,
+             "generalization_kappa_full": y_full, "generalization_kappa_lora": y_lora}
+        ).to_csv(f / "relations.csv", index=False)  # fmt: skip
+        summary = {"model": f"m{s}", "methods": ["full", "lora"], "headline": {"method": "full", "pearson": {"r": 0.1}}}
+        (f / "summary.json").write_text(json.dumps(summary))
+        pd.DataFrame(
+            {"method": ["full", "lora"], "predictor": "readability_best_kappa", "outcome": "generalization_kappa",
+             "analysis": "pearson", "r": [0.1, 0.2 + s], "ci_low": -0.5, "ci_high": 0.9, "p_value": 0.5,
+             "p_monte_carlo": [0.5, 0.01 * (s + 1)]}
+        ).to_csv(f / "stats.csv", index=False)  # fmt: skip
+        folders.append(f)
+    pooled, seeds = pool_over_seeds(folders, method="lora", n_boot=200)
+    assert pooled["method"] == "lora" and pooled["outcome"] == "generalization_kappa_lora"
+    assert pooled["r_pooled"] == pytest.approx(pooled_correlation(np.stack(xs), np.stack(ys), n_boot=200)["r_pooled"])
+    assert seeds.p_monte_carlo.tolist() == pytest.approx([0.01, 0.02, 0.03])
+    assert seeds.r_all_relations.tolist() == pytest.approx([0.2, 1.2, 2.2])
+    full, _ = pool_over_seeds(folders, n_boot=200)
+    assert full["method"] == "full" and full["r_pooled"] != pooled["r_pooled"]
+    assert "**lora, pooled over 3 seeds:** r = " + f"{pooled['r_pooled']:.3f}" in seeds_page(folders)
+    summary = json.loads((folders[2] / "summary.json").read_text())
+    summary["methods"] = ["full"]
+    (folders[2] / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(CompareError, match="'lora' is not in every study"):
+        pool_over_seeds(folders, method="lora")
+    assert "lora, pooled" not in seeds_page(folders)

@@ -218,3 +218,25 @@ def test_compare_refuses_what_is_not_a_finished_study(tmp_path):
         compare_studies([tmp_path])
     with pytest.raises(CompareError, match="not a finished study"):
         compare_studies([tmp_path, tmp_path / "x"])
+
+
+def test_the_default_world_is_v4_recall_and_old_names_load_the_same_weights():
+    """``world`` is the v4-recall recipe's model; ``world-v4`` (the default before) loads the
+    checkpoint it always loaded, without a warning; the names from before v4 warn and load theirs."""
+    import warnings
+
+    from interp.models import resolve_path
+    from lab.world.spec import DEFAULT_RECIPE, default_spec, v4_recall_spec, v4_spec
+    from lab.world.zoo import RENAMED, ZOO
+
+    assert DEFAULT_RECIPE == "v4-recall" and ZOO["world"].world == "v4-recall"
+    assert load_world(ZOO["world"].checkpoint_dir()).spec == default_spec() == v4_recall_spec()
+    assert load_world(ZOO["world-v4"].checkpoint_dir()).spec == v4_spec()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert resolve_path("world-v4") == ZOO["world-v4"].checkpoint_dir()
+    assert "world-v4" not in RENAMED
+    for old, new in RENAMED.items():
+        with pytest.warns(FutureWarning, match=f"called {new!r} now"):
+            assert resolve_path(old) == ZOO[new].checkpoint_dir()
+        assert world_checkpoint_of(old) == ZOO[new].checkpoint_dir()

@@ -87,17 +87,25 @@ def pool_over_seeds(
     predictor: str = "readability_best_kappa",
     n_boot: int = 5000,
     seed: int = 0,
+    method: str | None = None,
 ) -> tuple[dict, pd.DataFrame]:
     """The pooled headline of finished studies of one recipe's pretraining seeds (``folders``):
     the pooled r with its two-level interval, and one row per seed (its r, bootstrap CI and
-    Monte-Carlo p from its own summary). Only relations with an outcome in every study are pooled."""
+    Monte-Carlo p from its own ``stats.csv``, else its summary's headline). Only relations with an
+    outcome in every study are pooled. ``method``: the fine-tuning method pooled (default: the
+    studies' headline method; another, e.g. ``"lora"``, must be one every study ran)."""
     if len(folders) < 2:
         raise CompareError(f"pooling over seeds needs at least 2 study folders, got {len(folders)}")
     loaded = [load_study(f) for f in folders]
-    methods = {s["headline"]["method"] for s, _ in loaded}
-    if len(methods) > 1:
-        raise CompareError(f"the studies' headline methods differ ({', '.join(sorted(methods))}); pool one method")
-    method = methods.pop()
+    if method is None:
+        methods = {s["headline"]["method"] for s, _ in loaded}
+        if len(methods) > 1:
+            raise CompareError(f"the studies' headline methods differ ({', '.join(sorted(methods))}); pool one method")
+        method = methods.pop()
+    ran = [s.get("methods", [s["headline"]["method"]]) for s, _ in loaded]
+    missing = [str(f) for f, methods_run in zip(folders, ran) if method not in methods_run]
+    if missing:
+        raise CompareError(f"method {method!r} is not in every study (missing from {', '.join(missing)})")
     outcome = f"generalization_kappa_{method}"
     tables = [r.set_index("relation")[[predictor, outcome]].dropna() for _, r in loaded]
     shared = sorted(set.intersection(*(set(t.index) for t in tables)))
@@ -107,7 +115,7 @@ def pool_over_seeds(
     pooled.update(predictor=predictor, outcome=outcome, method=method)
     rows = []
     for folder, (s, _rel), xs, ys in zip(folders, loaded, x, y):
-        p = s["headline"].get("pearson", {})
+        p = _pearson(folder, s, method, predictor)
         ci = p.get("ci", [np.nan, np.nan])
         rows.append(
             {
@@ -122,6 +130,24 @@ def pool_over_seeds(
             }
         )
     return pooled, pd.DataFrame(rows)
+
+
+def _pearson(folder: str | Path, summary: dict, method: str, predictor: str) -> dict:
+    """A study's own Pearson test of ``predictor`` with ``method``'s generalization kappa: from its
+    ``stats.csv`` where saved (every method), else from its summary's headline."""
+    path = Path(folder) / "stats.csv"
+    if path.exists():
+        st = pd.read_csv(path)
+        hit = st[
+            (st.method == method)
+            & (st.predictor == predictor)
+            & (st.outcome == "generalization_kappa")
+            & (st.analysis == "pearson")
+        ]
+        if len(hit):
+            row = hit.iloc[0]
+            return {"r": row.r, "ci": [row.ci_low, row.ci_high], "p_monte_carlo": row.p_monte_carlo}
+    return summary["headline"].get("pearson", {}) if summary["headline"]["method"] == method else {}
 
 
 __all__ = ["pool_over_seeds", "pooled_correlation"]

@@ -128,6 +128,7 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         "seeds' variance, with a t quantile on the seeds' degrees of freedom (`lab.study.pooled`). `null FPR`: "
         "the headline test's false-positive rate on the study's own simulated studies with no generalization.",
         "",
+        *_other_methods(folders, loaded, method),
         "## Controls: partial r of readability, and linear against nonlinear",
         "",
         "Readability's partial correlation with generalization, each covariate held fixed (and all of them), "
@@ -171,6 +172,26 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
     if knobs is not None:
         lines += _by_knob(loaded, knobs, outcome)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _other_methods(folders: list[Path], loaded: list, method: str) -> list[str]:
+    """The headline over seeds for every other fine-tuning method all the studies ran (LoRA beside
+    full fine-tuning), pooled the same way, with each seed's r and Monte-Carlo p."""
+    shared = set.intersection(*(set(s.get("methods", [])) for s, _ in loaded)) - {method}
+    lines = []
+    for other in sorted(shared):
+        pooled, per_seed = pool_over_seeds(folders, method=other)
+        seeds = "; ".join(
+            f"{Path(row.study).name} {num(row.r_all_relations)} (p {pval(row.p_monte_carlo)})"
+            for row in per_seed.itertuples()
+        )
+        lines += [
+            f"**{other}, pooled over {pooled['n_seeds']} seeds:** r = {num(pooled['r_pooled'])} (95% CI "
+            f"{num(pooled['ci_low'])} to {num(pooled['ci_high'])}; seed-to-seed SD {num(pooled['seed_sd'])}); "
+            f"per seed {seeds}.",
+            "",
+        ]
+    return lines
 
 
 def _recall_null(folders: list[Path], names: list[str], method: str) -> list[str]:

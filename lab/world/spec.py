@@ -392,11 +392,12 @@ def v4_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
 
 
 def v4_recall_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
-    """World v4 with recall moved apart from readability (measured, not shipped: ``--world
-    v4-recall``). In v4 a lead relation is recalled less (its facts are written "name answer
-    noun", its query asks "name noun :") exactly where it is read at the name, so recall and
-    readability correlate at -0.83. Here a fifth factor ``h`` (answers 16 xor augmented: a half
-    fraction, balanced against both) sets how often a fact is also written in the query's words:
+    """World v4 with recall moved apart from readability: the embedded default's world
+    (:data:`DEFAULT_RECIPE`, ``--world v4-recall``). In v4 a lead relation is recalled less (its
+    facts are written "name answer noun", its query asks "name noun :") exactly where it is read
+    at the name, so recall and readability correlate at -0.83. Here a fifth factor ``h`` (answers
+    16 xor augmented: a half fraction, balanced against both) sets how often a fact is also
+    written in the query's words:
     a lead relation's question-form statements go to every subject (``h``) or a quarter of them,
     and a relation looked up where asked gets them for half the subjects (``h``) or none."""
     base = v4_spec(seed, n_subjects)
@@ -413,9 +414,10 @@ def v4_recall_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
 #: the world recipes by name (``interp world train|curves --world``; a zoo model's ``world``)
 RECIPES = {"v3": v3_spec, "v4": v4_spec, "v4-paraphrase": v4_paraphrase_spec, "v4-recall": v4_recall_spec}
 #: the recipe of the embedded default model (``world``)
-DEFAULT_RECIPE = "v4"
+DEFAULT_RECIPE = "v4-recall"
 
 
 def default_spec(seed: int = 0, n_subjects: int = 1000) -> WorldSpec:
-    """The embedded default model's world (:data:`DEFAULT_RECIPE`: world v4, :func:`v4_spec`)."""
+    """The embedded default model's world (:data:`DEFAULT_RECIPE`: world v4 with recall moved
+    apart from readability, :func:`v4_recall_spec`)."""
     return RECIPES[DEFAULT_RECIPE](seed, n_subjects)
