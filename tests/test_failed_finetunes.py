@@ -45,10 +45,15 @@ def test_a_diverging_rate_and_a_non_learning_finetune_are_caught():
     (season,) = from_world(world, ["season"])
     pair = list(world.label_categories["animals"][:2])
     prompts = [f"{s} is associated with the word" for s in season.subjects[:12]]
-    labels = [pair[i % 2] for i in range(12)]  # an arbitrary split: learnable only by memorizing
     config = FinetuneConfig(max_steps=20, check_every=10)
+    # an arbitrary split, learnable only by memorizing; of it and its mirror image, the one the
+    # unchanged model fits worse (its kappas on the two are opposite), so that a fine-tune that does
+    # not move cannot pass by the pretrained model's chance agreement with the split
+    splits = [[pair[(i + k) % 2] for i in range(12)] for k in (0, 1)]
+    stuck_runs = [finetune(model, prompts, s, pair, "full", replace(config, lr=1e-12), seed=0)[1] for s in splits]
+    worse = min(range(2), key=lambda k: stuck_runs[k]["train_kappa"])
+    labels, stuck = splits[worse], stuck_runs[worse]
     _, diverged = finetune(model, prompts, labels, pair, "full", replace(config, lr=1e4), seed=0)
-    _, stuck = finetune(model, prompts, labels, pair, "full", replace(config, lr=1e-12), seed=0)
     _, learned = finetune(model, prompts, labels, pair, "full", replace(config, max_steps=100), seed=0)
     assert failure_reason(diverged, 0.2) is not None
     assert failure_reason(stuck, 0.2).startswith("did not learn")

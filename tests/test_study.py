@@ -586,7 +586,14 @@ def test_pooling_another_method_reads_each_seeds_own_test(tmp_path):
     assert seeds.r_all_relations.tolist() == pytest.approx([0.2, 1.2, 2.2])
     full, _ = pool_over_seeds(folders, n_boot=200)
     assert full["method"] == "full" and full["r_pooled"] != pooled["r_pooled"]
-    assert "**lora, pooled over 3 seeds:** r = " + f"{pooled['r_pooled']:.3f}" in seeds_page(folders)
+    knobs = pd.DataFrame({"relation": [f"r{i}" for i in range(R)], "lead": [i % 2 == 0 for i in range(R)]})
+    page = seeds_page(folders, knobs)
+    assert "**lora, pooled over 3 seeds:** r = " + f"{pooled['r_pooled']:.3f}" in page
+    assert "The same controls for lora" in page and "## Inside each level of the design: lora" in page
+    even = list(range(0, R, 2))
+    inside = pooled_correlation(np.stack(xs)[:, even], np.stack(ys)[:, even])
+    lora_levels = page.split("## Inside each level of the design: lora")[1]
+    assert f"| lead | True | {len(even)} |" in lora_levels and f"{inside['r_pooled']:.3f}" in lora_levels
     summary = json.loads((folders[2] / "summary.json").read_text())
     summary["methods"] = ["full"]
     (folders[2] / "summary.json").write_text(json.dumps(summary))

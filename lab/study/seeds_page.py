@@ -137,17 +137,9 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
         "paired bootstrap interval over relations (the study's null cannot calibrate it); trust the interval.",
         "",
     ]
-    analyses = []
-    for st in stats:
-        sub = st[(st.method == method) & (st.predictor == HEADLINE[0]) & (st.outcome == HEADLINE[1])]
-        analyses += [a for a in sub.analysis if a.startswith(("partial:", "williams:")) and a not in analyses]
-    table = pd.DataFrame(
-        {
-            "analysis": analyses,
-            **{n: [_cell(_row(st, method, HEADLINE[0], a)) for a in analyses] for n, st in zip(names, stats)},
-        }
-    )
-    lines += [md_table(table), ""]
+    lines += [md_table(_controls(stats, names, method)), ""]
+    for other in _shared_methods(loaded, method):
+        lines += [f"The same controls for {other}:", "", md_table(_controls(stats, names, other)), ""]
     lines += [
         "## The paper's contrast, both ways",
         "",
@@ -171,15 +163,35 @@ def seeds_page(folders: Sequence[str | Path], knobs: pd.DataFrame | None = None,
     lines += _recall_null(folders, names, method)
     if knobs is not None:
         lines += _by_knob(loaded, knobs, outcome)
+        for other in _shared_methods(loaded, method):
+            lines += _by_knob(loaded, knobs, f"{HEADLINE[1]}_{other}", other)
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _controls(stats: list[pd.DataFrame], names: list[str], method: str) -> pd.DataFrame:
+    """Readability's partial r for each covariate and Williams' comparisons, one column per seed."""
+    analyses = []
+    for st in stats:
+        sub = st[(st.method == method) & (st.predictor == HEADLINE[0]) & (st.outcome == HEADLINE[1])]
+        analyses += [a for a in sub.analysis if a.startswith(("partial:", "williams:")) and a not in analyses]
+    return pd.DataFrame(
+        {
+            "analysis": analyses,
+            **{n: [_cell(_row(st, method, HEADLINE[0], a)) for a in analyses] for n, st in zip(names, stats)},
+        }
+    )
+
+
+def _shared_methods(loaded: list, method: str) -> list[str]:
+    """The fine-tuning methods every study ran besides ``method`` (LoRA beside full fine-tuning)."""
+    return sorted(set.intersection(*(set(s.get("methods", [])) for s, _ in loaded)) - {method})
+
+
 def _other_methods(folders: list[Path], loaded: list, method: str) -> list[str]:
-    """The headline over seeds for every other fine-tuning method all the studies ran (LoRA beside
-    full fine-tuning), pooled the same way, with each seed's r and Monte-Carlo p."""
-    shared = set.intersection(*(set(s.get("methods", [])) for s, _ in loaded)) - {method}
+    """The headline over seeds for every other fine-tuning method all the studies ran, pooled the
+    same way, with each seed's r and Monte-Carlo p."""
     lines = []
-    for other in sorted(shared):
+    for other in _shared_methods(loaded, method):
         pooled, per_seed = pool_over_seeds(folders, method=other)
         seeds = "; ".join(
             f"{Path(row.study).name} {num(row.r_all_relations)} (p {pval(row.p_monte_carlo)})"
@@ -249,7 +261,9 @@ def _pooled_row(tables: list[pd.DataFrame], outcome: str, knob: str, level: str)
     }
 
 
-def _by_knob(loaded, knobs: pd.DataFrame, outcome: str) -> list[str]:
+def _by_knob(loaded, knobs: pd.DataFrame, outcome: str, method: str = "") -> list[str]:
+    """r inside each level of the knobs and the cell means, for ``outcome`` (``method`` names it
+    in the heading when it is not the headline's)."""
     knobs = knobs.set_index("relation")
     cols = list(knobs.columns)
     both = [HEADLINE[0], outcome]
@@ -258,7 +272,7 @@ def _by_knob(loaded, knobs: pd.DataFrame, outcome: str) -> list[str]:
         rel.set_index("relation").drop(columns=cols, errors="ignore").join(knobs, how="inner") for _, rel in loaded
     ]
     lines = [
-        "## Inside each level of the design",
+        "## Inside each level of the design" + (f": {method}" if method else ""),
         "",
         "A correlation across relations can be made by one design factor alone: two clusters, each flat. "
         "Here is r(readability, generalization) inside each level of the world's two-level knobs, pooled "
