@@ -1,6 +1,7 @@
 """The zoo of world models and the study across models."""
 
 import json
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -12,6 +13,7 @@ from conftest import SMALL_STUDY as SMALL
 from scipy import stats as sps
 
 import interp
+from interp.models import resolve_path
 from interp.trainable import lora_targets
 from lab.study.compare import CompareError, compare_studies, kendalls_w
 from lab.study.run import run_study
@@ -19,9 +21,9 @@ from lab.world import RelationSpec, WorldSpec, load_world, v3_spec
 from lab.world import train as train_module
 from lab.world.checkpoint import world_checkpoint_of
 from lab.world.report import recall
-from lab.world.spec import RECIPES
+from lab.world.spec import DEFAULT_RECIPE, RECIPES, default_spec, v4_recall_spec, v4_spec
 from lab.world.train import ARCHS, TrainConfig, check_config, recipe, train_world_model
-from lab.world.zoo import ZOO, zoo_model
+from lab.world.zoo import RENAMED, ZOO, zoo_model
 
 TINY_SPEC = WorldSpec(
     seed=5,
@@ -223,12 +225,6 @@ def test_compare_refuses_what_is_not_a_finished_study(tmp_path):
 def test_the_default_world_is_v4_recall_and_old_names_load_the_same_weights():
     """``world`` is the v4-recall recipe's model; ``world-v4`` (the default before) loads the
     checkpoint it always loaded, without a warning; the names from before v4 warn and load theirs."""
-    import warnings
-
-    from interp.models import resolve_path
-    from lab.world.spec import DEFAULT_RECIPE, default_spec, v4_recall_spec, v4_spec
-    from lab.world.zoo import RENAMED, ZOO
-
     assert DEFAULT_RECIPE == "v4-recall" and ZOO["world"].world == "v4-recall"
     assert load_world(ZOO["world"].checkpoint_dir()).spec == default_spec() == v4_recall_spec()
     assert load_world(ZOO["world-v4"].checkpoint_dir()).spec == v4_spec()
